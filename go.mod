@@ -1,0 +1,3 @@
+module ckpt
+
+go 1.26.0

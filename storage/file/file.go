@@ -1,0 +1,330 @@
+// Package file is the file:// storage backend: objects are files under a
+// root directory (a local disk or a network filesystem).
+//
+// Every write goes to a temporary file in the object's directory, is
+// fsynced, then renamed (Put) or hard-linked (Create) into place, and the
+// directory is fsynced: an object is either whole or absent after a crash.
+// Temporary files left by a crash are invisible to List and removed by
+// CleanIncomplete.
+package file
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net/url"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"ckpt/storage"
+)
+
+func init() {
+	storage.Register("file", func(_ context.Context, u *url.URL) (storage.Store, error) {
+		if u.Host != "" && u.Host != "localhost" {
+			return nil, fmt.Errorf("storage URL file://%s%s: a file URL needs an absolute path, as in file:///var/lib/ckpt", u.Host, u.Path)
+		}
+		return New(u.Path)
+	})
+}
+
+// tmpMarker is part of every temporary file name; List never shows such files.
+const tmpMarker = ".ckpt-tmp-"
+
+// Store keeps objects as files under Root.
+type Store struct {
+	root string
+}
+
+var (
+	_ storage.Store             = (*Store)(nil)
+	_ storage.IncompleteCleaner = (*Store)(nil)
+)
+
+// New opens (creating if needed) a store rooted at dir, which must be absolute.
+func New(dir string) (*Store, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("file storage %q: path must be absolute", dir)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("file storage: %w (check the path and its permissions)", err)
+	}
+	return &Store{root: filepath.Clean(dir)}, nil
+}
+
+// Root returns the directory the store keeps its objects in.
+func (s *Store) Root() string { return s.root }
+
+func (s *Store) String() string { return "file://" + s.root }
+
+func (s *Store) Close() error { return nil }
+
+func (s *Store) path(key string) (string, error) {
+	if err := storage.ValidKey(key); err != nil {
+		return "", err
+	}
+	if strings.Contains(path.Base(key), tmpMarker) {
+		return "", fmt.Errorf("key %q: reserved name", key)
+	}
+	return filepath.Join(s.root, filepath.FromSlash(key)), nil
+}
+
+// Put writes the object through a temporary file and a rename.
+func (s *Store) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	return s.write(ctx, key, body, size, false)
+}
+
+// Create writes the object through a temporary file and a hard link, which
+// fails if the key exists: the link is the atomic create-if-absent.
+func (s *Store) Create(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	return s.write(ctx, key, body, size, true)
+}
+
+func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size int64, exclusive bool) error {
+	p, err := s.path(key)
+	if err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dir := filepath.Dir(p)
+	tmp, err := createTemp(dir, filepath.Base(p))
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	tmpName := tmp.Name()
+	committed := false
+	defer func() {
+		if !committed {
+			tmp.Close()
+			os.Remove(tmpName)
+		}
+	}()
+	n, err := io.Copy(tmp, &ctxReader{ctx: ctx, r: io.LimitReader(body, size+1)})
+	if err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if n != size {
+		return fmt.Errorf("put %s: body has %d bytes, want %d", key, n, size)
+	}
+	if err := tmp.Sync(); err != nil {
+		return fmt.Errorf("put %s: fsync: %w", key, err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	if exclusive {
+		if err := os.Link(tmpName, p); err != nil {
+			if errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("create %s: %w", key, storage.ErrExists)
+			}
+			return fmt.Errorf("create %s: %w", key, err)
+		}
+		os.Remove(tmpName)
+	} else if err := os.Rename(tmpName, p); err != nil {
+		return fmt.Errorf("put %s: %w", key, err)
+	}
+	committed = true
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("put %s: fsync directory: %w", key, err)
+	}
+	return nil
+}
+
+// createTemp makes the directory and a temporary file in it, retrying when
+// a concurrent Delete removes the just-created empty directory.
+func createTemp(dir, base string) (*os.File, error) {
+	var err error
+	for range 5 {
+		if err = os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		var f *os.File
+		f, err = os.CreateTemp(dir, "."+base+tmpMarker+"*")
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, err
+		}
+	}
+	return nil, err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	return nil
+}
+
+func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("get %s: %w", key, storage.ErrNotFound)
+		}
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	fi, err := f.Stat()
+	if err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("get %s: %w", key, storage.ErrNotFound)
+	}
+	return f, nil
+}
+
+func (s *Store) Stat(ctx context.Context, key string) (storage.ObjectInfo, error) {
+	p, err := s.path(key)
+	if err != nil {
+		return storage.ObjectInfo{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return storage.ObjectInfo{}, err
+	}
+	fi, err := os.Stat(p)
+	if err != nil || !fi.Mode().IsRegular() {
+		if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			return storage.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, storage.ErrNotFound)
+		}
+		return storage.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, err)
+	}
+	return storage.ObjectInfo{Key: key, Size: fi.Size(), ModTime: fi.ModTime()}, nil
+}
+
+// List walks the directory that holds prefix and reports the regular files
+// whose keys start with prefix, skipping temporary files.
+func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectInfo) error) error {
+	dir := s.root
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		if err := storage.ValidKey(prefix[:i]); err != nil {
+			return fmt.Errorf("list %s: %w", prefix, err)
+		}
+		dir = filepath.Join(s.root, filepath.FromSlash(prefix[:i]))
+	}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while walking, or no such prefix
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(s.root, p)
+		key := filepath.ToSlash(rel)
+		if d.IsDir() {
+			if p != dir && !strings.HasPrefix(key+"/", prefix) && !strings.HasPrefix(prefix, key+"/") {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || strings.Contains(d.Name(), tmpMarker) || !strings.HasPrefix(key, prefix) {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		return fn(storage.ObjectInfo{Key: key, Size: fi.Size(), ModTime: fi.ModTime()})
+	})
+	if err != nil {
+		return fmt.Errorf("list %s: %w", prefix, err)
+	}
+	return nil
+}
+
+// Delete removes the keys' files and then any directories left empty.
+func (s *Store) Delete(ctx context.Context, keys ...string) error {
+	for _, key := range keys {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		p, err := s.path(key)
+		if err != nil {
+			return err
+		}
+		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("delete %s: %w", key, err)
+		}
+		s.pruneDirs(filepath.Dir(p))
+	}
+	return nil
+}
+
+// pruneDirs removes empty directories from dir up to (not including) the root.
+func (s *Store) pruneDirs(dir string) {
+	for dir != s.root && strings.HasPrefix(dir, s.root+string(filepath.Separator)) {
+		if os.Remove(dir) != nil {
+			return
+		}
+		dir = filepath.Dir(dir)
+	}
+}
+
+// CleanIncomplete removes temporary files older than olderThan: writes that
+// a crash interrupted.
+func (s *Store) CleanIncomplete(ctx context.Context, olderThan time.Time) (int, int64, error) {
+	var n int
+	var bytes int64
+	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if d.IsDir() || !strings.Contains(d.Name(), tmpMarker) {
+			return nil
+		}
+		fi, err := d.Info()
+		if err != nil || !fi.ModTime().Before(olderThan) {
+			return nil
+		}
+		if os.Remove(p) == nil {
+			n++
+			bytes += fi.Size()
+		}
+		return nil
+	})
+	return n, bytes, err
+}
+
+// ctxReader stops a copy when ctx is cancelled.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

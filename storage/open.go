@@ -1,0 +1,75 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// Opener opens a store for a parsed storage URL.
+type Opener func(ctx context.Context, u *url.URL) (Store, error)
+
+var (
+	registryMu sync.RWMutex
+	registry   = map[string]Opener{}
+)
+
+// Register makes a backend available under a URL scheme ("file", "s3",
+// "gs"). Backends call it from init; registering a scheme twice panics, as
+// that is a programming error, never an input error.
+func Register(scheme string, open Opener) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	if _, dup := registry[scheme]; dup {
+		panic("storage: scheme registered twice: " + scheme)
+	}
+	registry[scheme] = open
+}
+
+// Open opens the store a storage URL names, such as file:///var/ckpt or
+// s3://bucket/prefix. The backend's package must be imported (for its init).
+func Open(ctx context.Context, rawURL string) (Store, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("storage URL %q: %w", rawURL, err)
+	}
+	registryMu.RLock()
+	open, ok := registry[u.Scheme]
+	var schemes []string
+	for s := range registry {
+		schemes = append(schemes, s+"://")
+	}
+	registryMu.RUnlock()
+	if !ok {
+		sort.Strings(schemes)
+		return nil, fmt.Errorf("storage URL %q: unknown scheme %q (use one of %s)", redact(u), u.Scheme, strings.Join(schemes, ", "))
+	}
+	return open(ctx, u)
+}
+
+// redact returns u as text without user info.
+func redact(u *url.URL) string {
+	c := *u
+	c.User = nil
+	return c.String()
+}
+
+// ValidKey reports whether key is acceptable to every backend: non-empty,
+// relative, no empty, "." or ".." segments, no NUL or backslash.
+func ValidKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("empty key")
+	}
+	if strings.ContainsAny(key, "\x00\\") {
+		return fmt.Errorf("key %q: contains NUL or backslash", key)
+	}
+	for _, seg := range strings.Split(key, "/") {
+		if seg == "" || seg == "." || seg == ".." {
+			return fmt.Errorf("key %q: empty, '.' or '..' segment", key)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,96 @@
+// Package storage defines the object store every ckpt backend implements
+// (file://, s3://, gs://) and the URL registry that opens them.
+//
+// The interface is deliberately small. Cross-cutting concerns (retries,
+// bandwidth limits, metrics, fault injection) are decorators that wrap a
+// Store; backends do not grow flags for them.
+package storage
+
+import (
+	"context"
+	"errors"
+	"io"
+	"time"
+)
+
+// ErrNotFound is returned (wrapped) by Get and Stat when the key does not exist.
+var ErrNotFound = errors.New("object not found")
+
+// ErrExists is returned (wrapped) by Create when the key already exists.
+var ErrExists = errors.New("object already exists")
+
+// ObjectInfo describes one stored object.
+type ObjectInfo struct {
+	Key     string
+	Size    int64
+	ModTime time.Time // time of the last successful write of the object
+}
+
+// Store is a flat namespace of immutable-once-written objects addressed by
+// slash-separated keys. Keys never start with "/" and never contain "//",
+// "." or ".." segments; backends may refuse such keys.
+//
+// Contract every backend holds (and storagetest.Run checks):
+//
+//   - Put writes size bytes from body under key, replacing any object there.
+//     It is idempotent: repeating it with the same bytes is harmless. The
+//     object is durable and visible to Get, Stat and List once Put returns
+//     nil; a failed Put leaves either the old object or none, never a
+//     partial one. Put may rewind body with Seek(0, io.SeekStart) to retry,
+//     so callers pass a re-readable body (an *os.File, a *bytes.Reader).
+//     Put fails if body does not hold exactly size bytes.
+//   - Create is Put that succeeds only if key does not exist yet; otherwise
+//     it returns an error wrapping ErrExists and leaves the object intact.
+//     Of two concurrent Creates of one key, at most one succeeds.
+//   - Get returns a reader of the whole object; the caller closes it. A
+//     missing key returns an error wrapping ErrNotFound.
+//   - Stat returns the object's info or an error wrapping ErrNotFound.
+//   - List calls fn for every object whose key starts with prefix, in
+//     lexical key order, paging internally. Objects being written (temporary
+//     files, incomplete multipart uploads) are not listed. An error from fn
+//     stops the listing and is returned.
+//   - Delete removes the given keys; a key that does not exist is not an
+//     error. Backends batch where they can.
+//
+// All methods honour ctx cancellation. Errors are wrapped with the key and
+// never contain credentials.
+type Store interface {
+	Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error
+	Create(ctx context.Context, key string, body io.ReadSeeker, size int64) error
+	Get(ctx context.Context, key string) (io.ReadCloser, error)
+	Stat(ctx context.Context, key string) (ObjectInfo, error)
+	List(ctx context.Context, prefix string, fn func(ObjectInfo) error) error
+	Delete(ctx context.Context, keys ...string) error
+	// String names the store for logs and errors (a URL without secrets).
+	String() string
+	Close() error
+}
+
+// IncompleteCleaner is implemented by stores that can leave incomplete
+// writes behind after a crash (temporary files, multipart uploads).
+// CleanIncomplete removes those started before olderThan and reports how
+// many it removed and how many bytes they held (best effort for bytes).
+type IncompleteCleaner interface {
+	CleanIncomplete(ctx context.Context, olderThan time.Time) (n int, bytes int64, err error)
+}
+
+// Unwrapper is implemented by decorators so callers can reach optional
+// interfaces (such as IncompleteCleaner) of the store they wrap.
+type Unwrapper interface {
+	Unwrap() Store
+}
+
+// AsCleaner finds an IncompleteCleaner in s or the stores it wraps.
+func AsCleaner(s Store) (IncompleteCleaner, bool) {
+	for s != nil {
+		if c, ok := s.(IncompleteCleaner); ok {
+			return c, true
+		}
+		u, ok := s.(Unwrapper)
+		if !ok {
+			return nil, false
+		}
+		s = u.Unwrap()
+	}
+	return nil, false
+}

@@ -1,0 +1,321 @@
+// Package storagetest is the conformance suite every storage backend runs:
+// the same test functions against file://, S3 and GCS, so that the
+// contract documented on storage.Store holds for each of them.
+package storagetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"ckpt/storage"
+)
+
+// Options tunes the suite for a backend.
+type Options struct {
+	// LargeSize is the size of the object used to exercise large transfers
+	// (multipart uploads on object stores). Zero means 24 MiB.
+	LargeSize int64
+}
+
+// Run runs the conformance suite. newStore returns an empty store (a fresh
+// prefix or bucket) for each subtest; the suite closes it.
+func Run(t *testing.T, newStore func(t *testing.T) storage.Store, opts Options) {
+	if opts.LargeSize == 0 {
+		opts.LargeSize = 24 << 20
+	}
+	tests := []struct {
+		name string
+		fn   func(t *testing.T, s storage.Store)
+	}{
+		{"put then get returns the same bytes", testPutGet},
+		{"put replaces an object and refreshes its time", testPutReplace},
+		{"create refuses an existing key and keeps it", testCreateExclusive},
+		{"of concurrent creates exactly one wins", testCreateRace},
+		{"get and stat of a missing key say not found", testNotFound},
+		{"put with a short or long body fails and leaves nothing", testSizeMismatch},
+		{"list reports exactly the keys under a prefix", testList},
+		{"delete removes keys and ignores missing ones", testDelete},
+		{"a large object round-trips", func(t *testing.T, s storage.Store) { testLarge(t, s, opts.LargeSize) }},
+		{"a cancelled context stops a put", testCancelled},
+		{"invalid keys are refused", testInvalidKeys},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newStore(t)
+			defer s.Close()
+			tc.fn(t, s)
+		})
+	}
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	return c
+}
+
+func randBytes(t *testing.T, n int64) []byte {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func put(t *testing.T, s storage.Store, key string, data []byte) {
+	t.Helper()
+	if err := s.Put(ctx(t), key, bytes.NewReader(data), int64(len(data))); err != nil {
+		t.Fatalf("put %s: %v", key, err)
+	}
+}
+
+func get(t *testing.T, s storage.Store, key string) []byte {
+	t.Helper()
+	rc, err := s.Get(ctx(t), key)
+	if err != nil {
+		t.Fatalf("get %s: %v", key, err)
+	}
+	defer rc.Close()
+	b, err := io.ReadAll(rc)
+	if err != nil {
+		t.Fatalf("read %s: %v", key, err)
+	}
+	return b
+}
+
+func keys(t *testing.T, s storage.Store, prefix string) []string {
+	t.Helper()
+	var out []string
+	err := s.List(ctx(t), prefix, func(o storage.ObjectInfo) error {
+		out = append(out, o.Key)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("list %q: %v", prefix, err)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func testPutGet(t *testing.T, s storage.Store) {
+	data := randBytes(t, 100_000)
+	put(t, s, "job/shared/ab/obj", data)
+	if got := get(t, s, "job/shared/ab/obj"); !bytes.Equal(got, data) {
+		t.Fatalf("get returned %d bytes that differ from the %d put", len(got), len(data))
+	}
+	info, err := s.Stat(ctx(t), "job/shared/ab/obj")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Size != int64(len(data)) || info.Key != "job/shared/ab/obj" {
+		t.Fatalf("stat = %+v, want size %d", info, len(data))
+	}
+	if time.Since(info.ModTime) > time.Hour || time.Until(info.ModTime) > time.Hour {
+		t.Fatalf("stat mod time %v is not near now", info.ModTime)
+	}
+	put(t, s, "job/empty", nil)
+	if got := get(t, s, "job/empty"); len(got) != 0 {
+		t.Fatalf("empty object read back %d bytes", len(got))
+	}
+}
+
+func testPutReplace(t *testing.T, s storage.Store) {
+	put(t, s, "k/one", []byte("first"))
+	a, err := s.Stat(ctx(t), "k/one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1100 * time.Millisecond) // object stores keep times in seconds
+	put(t, s, "k/one", []byte("second version"))
+	if got := string(get(t, s, "k/one")); got != "second version" {
+		t.Fatalf("after replace got %q", got)
+	}
+	b, err := s.Stat(ctx(t), "k/one")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.ModTime.After(a.ModTime) {
+		t.Fatalf("replace did not refresh the mod time: %v then %v", a.ModTime, b.ModTime)
+	}
+}
+
+func testCreateExclusive(t *testing.T, s storage.Store) {
+	c := ctx(t)
+	if err := s.Create(c, "m/manifest", bytes.NewReader([]byte("winner")), 6); err != nil {
+		t.Fatalf("first create: %v", err)
+	}
+	err := s.Create(c, "m/manifest", bytes.NewReader([]byte("loser!!")), 7)
+	if !errors.Is(err, storage.ErrExists) {
+		t.Fatalf("second create: got %v, want ErrExists", err)
+	}
+	if got := string(get(t, s, "m/manifest")); got != "winner" {
+		t.Fatalf("second create changed the object to %q", got)
+	}
+}
+
+func testCreateRace(t *testing.T, s storage.Store) {
+	const n = 8
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body := []byte(fmt.Sprintf("writer-%d", i))
+			errs[i] = s.Create(ctx(t), "race/manifest", bytes.NewReader(body), int64(len(body)))
+		}()
+	}
+	wg.Wait()
+	wins := 0
+	winner := ""
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			wins++
+			winner = fmt.Sprintf("writer-%d", i)
+		case !errors.Is(err, storage.ErrExists):
+			t.Errorf("writer %d: unexpected error %v", i, err)
+		}
+	}
+	if wins != 1 {
+		t.Fatalf("%d creates won, want exactly 1", wins)
+	}
+	if got := string(get(t, s, "race/manifest")); got != winner {
+		t.Fatalf("object holds %q, the winner wrote %q", got, winner)
+	}
+}
+
+func testNotFound(t *testing.T, s storage.Store) {
+	if _, err := s.Get(ctx(t), "no/such/key"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("get: got %v, want ErrNotFound", err)
+	}
+	if _, err := s.Stat(ctx(t), "no/such/key"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("stat: got %v, want ErrNotFound", err)
+	}
+	put(t, s, "dir/file", []byte("x"))
+	if _, err := s.Stat(ctx(t), "dir"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("stat of a key prefix: got %v, want ErrNotFound", err)
+	}
+}
+
+func testSizeMismatch(t *testing.T, s storage.Store) {
+	if err := s.Put(ctx(t), "short", bytes.NewReader([]byte("abc")), 10); err == nil {
+		t.Fatal("put of 3 bytes declared as 10 succeeded")
+	}
+	if err := s.Put(ctx(t), "long", bytes.NewReader([]byte("abcdefghij")), 3); err == nil {
+		t.Fatal("put of 10 bytes declared as 3 succeeded")
+	}
+	if got := keys(t, s, ""); len(got) != 0 {
+		t.Fatalf("failed puts left objects: %v", got)
+	}
+}
+
+func testList(t *testing.T, s storage.Store) {
+	want := []string{
+		"job/shared/00/a", "job/shared/ff/b", "job/tasks/t1/chk/00000000000000000001/manifest",
+		"job/tasks/t1/chk/00000000000000000002/private/CURRENT", "job/tasks/t10/chk/00000000000000000001/manifest",
+		"other/x",
+	}
+	for _, k := range want {
+		put(t, s, k, []byte(k))
+	}
+	cases := map[string][]string{
+		"":                want,
+		"job/":            want[:5],
+		"job/shared/":     want[:2],
+		"job/tasks/t1/":   want[2:4],
+		"job/tasks/t1":    want[2:5],
+		"job/tasks/t1/ch": want[2:4],
+		"nothing/":        nil,
+	}
+	for prefix, w := range cases {
+		got := keys(t, s, prefix)
+		if strings.Join(got, ",") != strings.Join(w, ",") {
+			t.Errorf("list %q = %v, want %v", prefix, got, w)
+		}
+	}
+	var sizes []int64
+	if err := s.List(ctx(t), "other/", func(o storage.ObjectInfo) error {
+		sizes = append(sizes, o.Size)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(sizes) != 1 || sizes[0] != int64(len("other/x")) {
+		t.Errorf("list sizes = %v, want [%d]", sizes, len("other/x"))
+	}
+	stop := errors.New("stop")
+	calls := 0
+	err := s.List(ctx(t), "", func(storage.ObjectInfo) error { calls++; return stop })
+	if !errors.Is(err, stop) || calls != 1 {
+		t.Errorf("an error from fn: got %v after %d calls, want it returned after 1", err, calls)
+	}
+}
+
+func testDelete(t *testing.T, s storage.Store) {
+	for i := range 5 {
+		put(t, s, fmt.Sprintf("d/%d", i), []byte("x"))
+	}
+	if err := s.Delete(ctx(t), "d/0", "d/2", "d/missing"); err != nil {
+		t.Fatalf("delete: %v", err)
+	}
+	if got := keys(t, s, "d/"); strings.Join(got, ",") != "d/1,d/3,d/4" {
+		t.Fatalf("after delete: %v", got)
+	}
+	if err := s.Delete(ctx(t)); err != nil {
+		t.Fatalf("delete of no keys: %v", err)
+	}
+	many := make([]string, 0, 1500)
+	for i := range 1500 {
+		many = append(many, fmt.Sprintf("many/%04d", i))
+	}
+	for _, k := range many[:20] {
+		put(t, s, k, nil)
+	}
+	if err := s.Delete(ctx(t), many...); err != nil {
+		t.Fatalf("delete of 1500 keys: %v", err)
+	}
+	if got := keys(t, s, "many/"); len(got) != 0 {
+		t.Fatalf("after deleting 1500 keys, left: %v", got)
+	}
+}
+
+func testLarge(t *testing.T, s storage.Store, size int64) {
+	data := randBytes(t, size)
+	put(t, s, "big/object", data)
+	if got := get(t, s, "big/object"); !bytes.Equal(got, data) {
+		t.Fatalf("large object differs after round trip (%d vs %d bytes)", len(got), len(data))
+	}
+	info, err := s.Stat(ctx(t), "big/object")
+	if err != nil || info.Size != size {
+		t.Fatalf("stat: %+v %v", info, err)
+	}
+}
+
+func testCancelled(t *testing.T, s storage.Store) {
+	c, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := s.Put(c, "cancelled", bytes.NewReader([]byte("x")), 1); err == nil {
+		t.Fatal("put with a cancelled context succeeded")
+	}
+	if got := keys(t, s, ""); len(got) != 0 {
+		t.Fatalf("cancelled put left objects: %v", got)
+	}
+}
+
+func testInvalidKeys(t *testing.T, s storage.Store) {
+	for _, k := range []string{"", "/abs", "a//b", "a/../b", "./a", "a/."} {
+		if err := s.Put(ctx(t), k, bytes.NewReader(nil), 0); err == nil {
+			t.Errorf("put %q succeeded", k)
+		}
+	}
+}
