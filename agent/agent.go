@@ -1,0 +1,323 @@
+// Package agent is the ckpt sidecar: the Unix-socket server, one session per
+// task, and the checkpoint coordinator that runs the sync phase (hard links,
+// the only part the app waits for) and the async phase (upload, manifest
+// commit, local copy, retention and GC) of every checkpoint.
+package agent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"ckpt/localrecovery"
+	"ckpt/manifests"
+	"ckpt/storage"
+)
+
+// Config configures an agent. Zero values take the documented defaults.
+type Config struct {
+	Socket   string        // Unix socket path (required)
+	Store    storage.Store // where checkpoints go (required)
+	Job      string        // the job namespace in storage (required)
+	LocalDir string        // the task-local store (required)
+	// AllowRoots confines checkpoint dirs: a dir must resolve, after
+	// symlinks, inside one of them. Empty allows any dir.
+	AllowRoots []string
+	// Retain is how many complete checkpoints each task keeps (default 2).
+	Retain int
+	// GCGrace is the age an unreferenced object must reach before GC
+	// deletes it (default 1h).
+	GCGrace time.Duration
+	// GCInterval is the least time between two job-wide GC sweeps started by
+	// completed checkpoints (default 1m; negative: never sweep).
+	GCInterval time.Duration
+	// UploadConcurrency bounds parallel hashing and transfers of one
+	// checkpoint (default 4).
+	UploadConcurrency int
+	// MaxConcurrent bounds the checkpoints of one task in their async phase
+	// (default 1).
+	MaxConcurrent int
+	// MaxQueued bounds the synced checkpoints of one task waiting for an
+	// async slot; beyond it requests are refused as unavailable (default 4).
+	MaxQueued int
+	// ShutdownGrace is how long a stopping agent lets in-flight checkpoints
+	// finish before aborting them (default 30s).
+	ShutdownGrace time.Duration
+	// Full uploads every file of every checkpoint (the benchmark baseline).
+	Full bool
+	// Version is reported by hello.
+	Version string
+	Logger  *slog.Logger
+	// Restore serves the restore op; nil makes the op answer unavailable.
+	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (any, error)
+}
+
+func (c *Config) defaults() error {
+	if c.Socket == "" || c.Store == nil || c.Job == "" || c.LocalDir == "" {
+		return errors.New("agent: socket, storage, job and local dir are required")
+	}
+	if err := manifests.ValidName("job", c.Job); err != nil {
+		return err
+	}
+	if c.Retain == 0 {
+		c.Retain = 2
+	}
+	if c.Retain < 1 {
+		return fmt.Errorf("retain must be at least 1, got %d", c.Retain)
+	}
+	if c.GCGrace == 0 {
+		c.GCGrace = time.Hour
+	}
+	if c.GCGrace < 0 {
+		return fmt.Errorf("gc grace must not be negative")
+	}
+	if c.GCInterval == 0 {
+		c.GCInterval = time.Minute
+	}
+	if c.UploadConcurrency == 0 {
+		c.UploadConcurrency = 4
+	}
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = 1
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = 4
+	}
+	if c.UploadConcurrency < 1 || c.MaxConcurrent < 1 || c.MaxQueued < 1 {
+		return fmt.Errorf("upload concurrency, max concurrent and max queued must be at least 1")
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Version == "" {
+		c.Version = "dev"
+	}
+	for i, r := range c.AllowRoots {
+		abs, err := filepath.Abs(r)
+		if err != nil {
+			return fmt.Errorf("allow root %q: %w", r, err)
+		}
+		resolved, err := filepath.EvalSymlinks(abs)
+		if err != nil {
+			return fmt.Errorf("allow root %q: %w (it must exist)", r, err)
+		}
+		c.AllowRoots[i] = resolved
+	}
+	return nil
+}
+
+// Agent serves checkpoint requests for the tasks of one job.
+type Agent struct {
+	cfg     Config
+	log     *slog.Logger
+	local   *localrecovery.Store
+	agentID string
+
+	mu       sync.Mutex
+	tasks    map[string]*task
+	draining bool
+
+	jobs       sync.WaitGroup // async phases and sweeps
+	jobsCtx    context.Context
+	cancelJobs context.CancelFunc
+
+	sweepMu   sync.Mutex
+	sweeping  bool
+	lastSweep time.Time
+
+	ready chan struct{}
+}
+
+// New checks cfg and prepares an agent; Run serves it.
+func New(cfg Config) (*Agent, error) {
+	cfg.AllowRoots = append([]string(nil), cfg.AllowRoots...)
+	if err := cfg.defaults(); err != nil {
+		return nil, err
+	}
+	local, err := localrecovery.Open(cfg.LocalDir, cfg.Job)
+	if err != nil {
+		return nil, err
+	}
+	id := make([]byte, 6)
+	rand.Read(id)
+	host, _ := os.Hostname()
+	return &Agent{
+		cfg: cfg, log: cfg.Logger, local: local,
+		agentID: host + "-" + hex.EncodeToString(id),
+		tasks:   map[string]*task{},
+		ready:   make(chan struct{}),
+	}, nil
+}
+
+// Ready is closed once the socket accepts connections.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
+
+// Run serves until ctx is cancelled (SIGTERM), then stops accepting, lets
+// in-flight checkpoints finish within the shutdown grace, aborts the rest,
+// and returns nil. It returns an error only if it cannot start.
+func (a *Agent) Run(ctx context.Context) error {
+	if err := a.recoverLocal(); err != nil {
+		return err
+	}
+	l, err := listen(a.cfg.Socket)
+	if err != nil {
+		return err
+	}
+	a.jobsCtx, a.cancelJobs = context.WithCancel(context.WithoutCancel(ctx))
+	connCtx, cancelConns := context.WithCancel(context.WithoutCancel(ctx))
+	var conns sync.WaitGroup
+	acceptDone := make(chan struct{})
+	go func() {
+		defer close(acceptDone)
+		for {
+			nc, err := l.Accept()
+			if err != nil {
+				if !errors.Is(err, net.ErrClosed) {
+					a.log.Error("accept", "err", err)
+				}
+				return
+			}
+			conns.Add(1)
+			go func() {
+				defer conns.Done()
+				a.serveConn(connCtx, nc)
+			}()
+		}
+	}()
+	a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID)
+	close(a.ready)
+
+	<-ctx.Done()
+	a.log.Info("agent stopping", "grace", a.cfg.ShutdownGrace.String())
+	a.mu.Lock()
+	a.draining = true
+	a.mu.Unlock()
+	l.Close()
+	<-acceptDone
+
+	drained := make(chan struct{})
+	go func() { a.jobs.Wait(); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(a.cfg.ShutdownGrace):
+		a.log.Warn("shutdown grace over: aborting in-flight checkpoints")
+		a.cancelJobs()
+		<-drained
+	}
+	a.cancelJobs()
+	cancelConns()
+	conns.Wait()
+	a.log.Info("agent stopped")
+	return nil
+}
+
+// recoverLocal tidies the local store after a restart: attempts that were
+// in flight when the previous agent stopped are removed.
+func (a *Agent) recoverLocal() error {
+	entries, err := os.ReadDir(a.local.Root())
+	if err != nil {
+		return fmt.Errorf("local store: %w", err)
+	}
+	for _, e := range entries {
+		if e.IsDir() && manifests.ValidName("task", e.Name()) == nil {
+			l, err := a.local.Recover(e.Name())
+			if err != nil {
+				return err
+			}
+			if l != nil { // known without the network: refuse stale numbers at once
+				t := a.taskLocked(e.Name())
+				t.lastCompleted, t.lastSize, t.lastFull = l.Checkpoint, l.Manifest.CheckpointSize, l.Manifest.FullSize
+			}
+		}
+	}
+	return nil
+}
+
+// resolveDir applies confinement: dir must resolve inside an allowed root.
+func (a *Agent) resolveDir(dir string) (string, *Error) {
+	resolved, err := filepath.EvalSymlinks(dir)
+	if err != nil {
+		return "", errorf(CodeBadRequest, "dir %s: %v", dir, err)
+	}
+	fi, err := os.Stat(resolved)
+	if err != nil || !fi.IsDir() {
+		return "", errorf(CodeBadRequest, "dir %s is not a directory", dir)
+	}
+	if len(a.cfg.AllowRoots) == 0 {
+		return resolved, nil
+	}
+	for _, root := range a.cfg.AllowRoots {
+		if resolved == root || strings.HasPrefix(resolved, root+string(filepath.Separator)) {
+			return resolved, nil
+		}
+	}
+	return "", errorf(CodeBadRequest, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
+}
+
+func (a *Agent) handle(ctx context.Context, c *conn, req Request) {
+	switch req.Op {
+	case "hello":
+		c.send(Event{Event: "hello", ID: req.ID, Protocol: ProtocolVersion, Version: a.cfg.Version})
+	case "status":
+		c.send(Event{Event: "status", ID: req.ID, Tasks: ptr(a.status(req.Task))})
+	case "checkpoint":
+		a.checkpoint(c, req)
+	case "abort":
+		a.abort(c, req)
+	case "restore":
+		a.restore(ctx, c, req)
+	}
+}
+
+func (a *Agent) status(only string) []TaskStatus {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := []TaskStatus{}
+	for name, t := range a.tasks {
+		if only != "" && name != only {
+			continue
+		}
+		out = append(out, TaskStatus{
+			Task: name, LastCompleted: t.lastCompleted,
+			LastCheckpointSize: t.lastSize, LastFullSize: t.lastFull,
+			InFlight: len(t.inflight),
+		})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })
+	return out
+}
+
+func (a *Agent) restore(ctx context.Context, c *conn, req Request) {
+	if a.cfg.Restore == nil {
+		c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Error: errorf(CodeUnavailable, "this agent does not serve restores")})
+		return
+	}
+	a.jobs.Add(1)
+	go func() {
+		defer a.jobs.Done()
+		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, req.Target)
+		if err != nil {
+			code := CodeInternal
+			var pe *Error
+			if errors.As(err, &pe) {
+				code = pe.Code
+			}
+			c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &Error{Code: code, Message: err.Error()}})
+			return
+		}
+		c.sendRaw(restoredEvent(req.ID, res))
+	}()
+}

@@ -1,0 +1,438 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"ckpt/localrecovery"
+	"ckpt/manifests"
+	"ckpt/storage"
+	"ckpt/uploader"
+)
+
+// task is the agent's session for one task. All fields are guarded by
+// Agent.mu except those noted.
+type task struct {
+	name string
+
+	loadMu sync.Mutex // serialises loading from storage (held without Agent.mu)
+	loaded bool
+
+	lastCompleted      uint64
+	lastSize, lastFull int64
+	// retained holds the task's complete, retained manifests, oldest first:
+	// the only objects a new checkpoint may reuse (invariant 3).
+	retained []*manifests.Manifest
+	// hashes maps inode identities of the newest local copy to their hashes.
+	hashes map[localrecovery.Identity]string
+
+	inflight map[uint64]*checkpoint // syncing, queued or running
+	pending  []*checkpoint          // synced, waiting for an async slot
+	running  int
+}
+
+// checkpoint is one checkpoint in flight.
+type checkpoint struct {
+	t      *task
+	req    Request
+	c      *conn
+	start  time.Time
+	snap   *localrecovery.Snapshot
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	// aborted is set (under Agent.mu) when an abort request cancelled it.
+	aborted bool
+	// completed is set before done is closed when the manifest was committed.
+	completed bool
+}
+
+func (a *Agent) taskLocked(name string) *task {
+	t := a.tasks[name]
+	if t == nil {
+		t = &task{name: name, inflight: map[uint64]*checkpoint{}}
+		a.tasks[name] = t
+	}
+	return t
+}
+
+func failed(req Request, e *Error) Event {
+	return Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: e}
+}
+
+// checkpoint runs the sync phase in the caller's goroutine and queues the
+// async phase. Everything before "synced" is local: confinement, the queue
+// bound, and hard links. No hashing, no network, no fsync.
+func (a *Agent) checkpoint(c *conn, req Request) {
+	start := time.Now()
+	dir, perr := a.resolveDir(req.Dir)
+	if perr != nil {
+		c.send(failed(req, perr))
+		return
+	}
+	a.mu.Lock()
+	if a.draining {
+		a.mu.Unlock()
+		c.send(failed(req, errorf(CodeUnavailable, "the agent is shutting down")))
+		return
+	}
+	t := a.taskLocked(req.Task)
+	switch {
+	case req.Checkpoint <= t.lastCompleted:
+		a.mu.Unlock()
+		c.send(failed(req, errorf(CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)))
+		return
+	case t.inflight[req.Checkpoint] != nil:
+		a.mu.Unlock()
+		c.send(failed(req, errorf(CodeConflict, "checkpoint %d of task %s is already in flight", req.Checkpoint, req.Task)))
+		return
+	case len(t.pending) >= a.cfg.MaxQueued:
+		a.mu.Unlock()
+		c.send(failed(req, errorf(CodeUnavailable, "task %s already has %d checkpoints queued behind the running one (limit --max-queued); retry later", req.Task, len(t.pending))))
+		return
+	}
+	ctx, cancel := context.WithCancel(a.jobsCtx)
+	ck := &checkpoint{t: t, req: req, c: c, start: start, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	t.inflight[req.Checkpoint] = ck
+	a.jobs.Add(1)
+	a.mu.Unlock()
+
+	snap, err := a.local.Link(req.Task, req.Checkpoint, dir)
+	if err != nil {
+		var bad *localrecovery.BadFileError
+		e := errorf(CodeInternal, "sync phase: %v", err)
+		if errors.As(err, &bad) {
+			e = errorf(CodeBadRequest, "%v", err)
+		}
+		a.finish(ck, false)
+		c.send(failed(req, e))
+		return
+	}
+	if snap.Copied > 0 {
+		a.log.Warn("snapshot copied, not hard-linked: the local dir is on another device than the snapshot; put --local-dir on the app's filesystem for instant sync phases",
+			"task", req.Task, "checkpoint", req.Checkpoint, "files_copied", snap.Copied)
+	}
+	ck.snap = snap
+	syncMS := time.Since(start).Milliseconds()
+	c.send(Event{Event: "synced", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, SyncMS: &syncMS})
+
+	a.mu.Lock()
+	t.pending = append(t.pending, ck)
+	a.mu.Unlock()
+	a.dispatch(t)
+}
+
+// dispatch starts queued async phases of t, in checkpoint order, while
+// fewer than MaxConcurrent run.
+func (a *Agent) dispatch(t *task) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	sort.Slice(t.pending, func(i, j int) bool { return t.pending[i].req.Checkpoint < t.pending[j].req.Checkpoint })
+	for t.running < a.cfg.MaxConcurrent && len(t.pending) > 0 {
+		ck := t.pending[0]
+		t.pending = t.pending[1:]
+		t.running++
+		go a.run(ck)
+	}
+}
+
+// finish removes ck from its task and releases its async slot.
+func (a *Agent) finish(ck *checkpoint, ran bool) {
+	a.mu.Lock()
+	delete(ck.t.inflight, ck.req.Checkpoint)
+	if ran {
+		ck.t.running--
+	}
+	a.mu.Unlock()
+	ck.cancel()
+	close(ck.done)
+	a.jobs.Done()
+	if ran {
+		a.dispatch(ck.t)
+	}
+}
+
+// run is the async phase of one checkpoint.
+func (a *Agent) run(ck *checkpoint) {
+	req := ck.req
+	ev, err := a.upload(ck)
+	if err == nil {
+		ck.completed = true
+		a.finish(ck, true)
+		ck.c.send(ev)
+		a.maybeSweep()
+		return
+	}
+	// The checkpoint did not complete: its local copy goes now; what it
+	// uploaded is unreferenced and left to GC.
+	if derr := a.local.Discard(req.Task, req.Checkpoint); derr != nil {
+		a.log.Warn("discard local copy", "task", req.Task, "checkpoint", req.Checkpoint, "err", derr)
+	}
+	a.mu.Lock()
+	aborted := ck.aborted
+	a.mu.Unlock()
+	a.finish(ck, true)
+	switch {
+	case aborted:
+		a.log.Info("checkpoint aborted", "task", req.Task, "checkpoint", req.Checkpoint)
+		ck.c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+	case ck.ctx.Err() != nil:
+		a.log.Warn("checkpoint aborted by shutdown", "task", req.Task, "checkpoint", req.Checkpoint)
+		ck.c.send(failed(req, errorf(CodeUnavailable, "the agent shut down before checkpoint %d completed", req.Checkpoint)))
+	default:
+		code := CodeInternal
+		var pe *Error
+		if errors.As(err, &pe) {
+			code = pe.Code
+		} else if errors.Is(err, manifests.ErrConflict) {
+			code = CodeConflict
+		}
+		a.log.Error("checkpoint failed", "task", req.Task, "checkpoint", req.Checkpoint, "err", err)
+		ck.c.send(failed(req, &Error{Code: code, Message: err.Error()}))
+	}
+}
+
+// load reads the task's retained manifests from storage, once: the live set
+// is always derived from the manifests in storage, never from counters.
+func (a *Agent) load(ctx context.Context, t *task) error {
+	t.loadMu.Lock()
+	defer t.loadMu.Unlock()
+	a.mu.Lock()
+	loaded := t.loaded
+	a.mu.Unlock()
+	if loaded {
+		return nil
+	}
+	cat, err := manifests.Scan(ctx, a.cfg.Store, a.cfg.Job, t.name)
+	if err != nil {
+		return err
+	}
+	var retained []*manifests.Manifest
+	for _, r := range cat.Retained(t.name) {
+		m, err := manifests.Load(ctx, a.cfg.Store, a.cfg.Job, t.name, r.Checkpoint)
+		if err != nil {
+			if errors.Is(err, storage.ErrNotFound) {
+				continue
+			}
+			return err
+		}
+		retained = append(retained, m)
+	}
+	latest, err := a.local.Latest(t.name)
+	if err != nil {
+		a.log.Warn("read local copy", "task", t.name, "err", err)
+	}
+	hashes := localrecovery.HashIndex(latest)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	t.retained = retained
+	t.hashes = hashes
+	if n := len(retained); n > 0 && retained[n-1].Checkpoint >= t.lastCompleted {
+		last := retained[n-1]
+		t.lastCompleted, t.lastSize, t.lastFull = last.Checkpoint, last.CheckpointSize, last.FullSize
+	}
+	t.loaded = true
+	return nil
+}
+
+// upload is the async phase proper: dedup, transfer, then the manifest.
+func (a *Agent) upload(ck *checkpoint) (Event, error) {
+	ctx, req, t := ck.ctx, ck.req, ck.t
+	if err := a.load(ctx, t); err != nil {
+		return Event{}, fmt.Errorf("read the task's checkpoints from storage: %w", err)
+	}
+	a.mu.Lock()
+	if req.Checkpoint <= t.lastCompleted {
+		a.mu.Unlock()
+		return Event{}, errorf(CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)
+	}
+	confirmed := map[string]string{}
+	for _, m := range t.retained {
+		for _, f := range m.Files {
+			if f.Kind == manifests.Shared {
+				confirmed[f.ContentID()] = f.Key
+			}
+		}
+	}
+	hashes, parent := t.hashes, t.lastCompleted
+	a.mu.Unlock()
+	confirmedAt := time.Now()
+
+	res, err := uploader.Upload(ctx, uploader.Request{
+		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint,
+		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes,
+		Concurrency: a.cfg.UploadConcurrency, Full: a.cfg.Full,
+	})
+	if err != nil {
+		return Event{}, err
+	}
+	// Reused objects were confirmed when the upload started. If it took
+	// longer than half the GC grace, a manifest retired meanwhile may have
+	// let GC delete one: check they are all still there before committing.
+	if time.Since(confirmedAt) > a.cfg.GCGrace/2 {
+		for _, f := range res.Files {
+			if f.Kind == manifests.Shared && !f.Uploaded {
+				if _, err := a.cfg.Store.Stat(ctx, f.Key); err != nil {
+					return Event{}, fmt.Errorf("reused object of %s vanished during a long upload (raise --gc-grace): %w", f.Name, err)
+				}
+			}
+		}
+	}
+	engine := req.Engine
+	if engine == "" {
+		engine = "generic"
+	}
+	m := &manifests.Manifest{
+		Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Parent: parent,
+		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Files: res.Files,
+		FilesUploaded: res.FilesUploaded, FilesReused: res.FilesReused,
+	}
+	for _, f := range res.Files {
+		m.FullSize += f.Size
+	}
+	encoded, err := m.Encode(res.BytesWritten)
+	if err != nil {
+		return Event{}, err
+	}
+	// Objects first, manifest last: the checkpoint exists from this write on.
+	if err := ctx.Err(); err != nil {
+		return Event{}, err
+	}
+	if err := manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded); err != nil {
+		if errors.Is(err, manifests.ErrConflict) {
+			return Event{}, errorf(CodeConflict, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
+		}
+		return Event{}, err
+	}
+	a.committed(t, m, encoded)
+	dur := time.Since(ck.start).Milliseconds()
+	a.log.Info("checkpoint completed", "task", req.Task, "checkpoint", req.Checkpoint,
+		"checkpoint_size", m.CheckpointSize, "full_size", m.FullSize,
+		"files_uploaded", m.FilesUploaded, "files_reused", m.FilesReused,
+		"bytes_hashed", res.BytesHashed, "duration_ms", dur)
+	return Event{
+		Event: "completed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+		CheckpointSize: ptr(m.CheckpointSize), FullSize: ptr(m.FullSize),
+		FilesUploaded: ptr(m.FilesUploaded), FilesReused: ptr(m.FilesReused), DurationMS: ptr(dur),
+	}, nil
+}
+
+// committed updates the task after its manifest was written: local copy,
+// retained set, and retention of older manifests. Failures here are logged;
+// the checkpoint is complete whatever happens to its local copy.
+func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte) {
+	ctx := context.WithoutCancel(a.jobsCtx)
+	var hashes map[localrecovery.Identity]string
+	if err := a.local.Complete(t.name, m.Checkpoint, encoded); err != nil {
+		a.log.Warn("keep local copy", "task", t.name, "checkpoint", m.Checkpoint, "err", err)
+	} else if l := a.local.Get(t.name, m.Checkpoint); l != nil {
+		hashes = localrecovery.HashIndex(l)
+	}
+	a.mu.Lock()
+	t.retained = append(t.retained, m)
+	sort.Slice(t.retained, func(i, j int) bool { return t.retained[i].Checkpoint < t.retained[j].Checkpoint })
+	var retire []uint64
+	for len(t.retained) > a.cfg.Retain {
+		retire = append(retire, t.retained[0].Checkpoint)
+		t.retained = t.retained[1:]
+	}
+	if m.Checkpoint > t.lastCompleted {
+		t.lastCompleted, t.lastSize, t.lastFull = m.Checkpoint, m.CheckpointSize, m.FullSize
+		if hashes != nil {
+			t.hashes = hashes
+		}
+	}
+	a.mu.Unlock()
+	// A task retires older manifests only after a newer one is complete.
+	for _, n := range retire {
+		if err := manifests.Retire(ctx, a.cfg.Store, a.cfg.Job, t.name, n); err != nil {
+			a.log.Warn("retire", "task", t.name, "checkpoint", n, "err", err)
+		}
+	}
+}
+
+// maybeSweep starts a job-wide GC unless one runs or ran recently.
+func (a *Agent) maybeSweep() {
+	if a.cfg.GCInterval < 0 {
+		return
+	}
+	a.sweepMu.Lock()
+	if a.sweeping || (!a.lastSweep.IsZero() && time.Since(a.lastSweep) < a.cfg.GCInterval) {
+		a.sweepMu.Unlock()
+		return
+	}
+	a.sweeping = true
+	a.sweepMu.Unlock()
+	a.jobs.Add(1)
+	go func() {
+		defer a.jobs.Done()
+		rep, err := manifests.GC(a.jobsCtx, a.cfg.Store, a.cfg.Job, manifests.GCOptions{Grace: a.cfg.GCGrace})
+		a.sweepMu.Lock()
+		a.sweeping, a.lastSweep = false, time.Now()
+		a.sweepMu.Unlock()
+		if err != nil {
+			a.log.Warn("gc", "err", err)
+			return
+		}
+		a.log.Info("gc", "deleted_objects", rep.DeletedObjects, "deleted_bytes", rep.DeletedBytes,
+			"live_objects", rep.LiveObjects, "live_bytes", rep.LiveBytes, "retained_checkpoints", rep.RetainedCheckpoints)
+	}()
+}
+
+// abort cancels an in-flight checkpoint and answers once it has stopped.
+func (a *Agent) abort(c *conn, req Request) {
+	a.mu.Lock()
+	var ck *checkpoint
+	if t := a.tasks[req.Task]; t != nil {
+		ck = t.inflight[req.Checkpoint]
+	}
+	if ck == nil {
+		a.mu.Unlock()
+		c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+			Error: errorf(CodeNotFound, "checkpoint %d of task %s is not in flight", req.Checkpoint, req.Task)})
+		return
+	}
+	ck.aborted = true
+	for i, p := range ck.t.pending {
+		if p == ck { // queued, never started: finish it here
+			ck.t.pending = slices.Delete(ck.t.pending, i, i+1)
+			a.mu.Unlock()
+			a.local.Discard(req.Task, req.Checkpoint)
+			a.finish(ck, false)
+			ck.c.send(Event{Event: "aborted", ID: ck.req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+			c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+			return
+		}
+	}
+	a.mu.Unlock()
+	ck.cancel()
+	go func() {
+		<-ck.done
+		if ck.completed {
+			c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+				Error: errorf(CodeConflict, "checkpoint %d of task %s completed before the abort took effect", req.Checkpoint, req.Task)})
+			return
+		}
+		c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+	}()
+}
+
+// restoredEvent builds the restored event: the restore result's fields
+// with the event name and id.
+func restoredEvent(id any, res any) map[string]any {
+	out := map[string]any{}
+	if b, err := json.Marshal(res); err == nil {
+		json.Unmarshal(b, &out)
+	}
+	out["event"] = "restored"
+	if id != nil {
+		out["id"] = id
+	}
+	return out
+}

@@ -1,0 +1,28 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// CheckpointPebble checkpoints an open Pebble DB through the agent: it
+// makes a Pebble checkpoint with a flushed WAL in a fresh directory next to
+// the store (dbDir, so the SSTs are hard links on the same filesystem),
+// hands it to the agent as checkpoint n of task, and removes the directory
+// as soon as the agent answers synced. The app waits for exactly that long;
+// the upload goes on in the agent, and Pending.Wait returns its outcome.
+func (c *Client) CheckpointPebble(ctx context.Context, db *pebble.DB, dbDir, task string, n uint64) (*Pending, error) {
+	dir := filepath.Join(filepath.Dir(filepath.Clean(dbDir)), fmt.Sprintf(".%s.ckpt-%d", filepath.Base(dbDir), n))
+	if err := os.RemoveAll(dir); err != nil { // left by a crash of an earlier attempt
+		return nil, fmt.Errorf("pebble checkpoint dir: %w", err)
+	}
+	if err := db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return nil, fmt.Errorf("pebble checkpoint %d: %w", n, err)
+	}
+	defer os.RemoveAll(dir)
+	return c.Checkpoint(ctx, task, n, dir, "pebble")
+}

@@ -1,0 +1,402 @@
+// Package localrecovery is the task-local store on the node: the sync phase
+// hard-links a snapshot into it, and it keeps the newest complete checkpoint
+// of each task (and those in flight) so that a restart on the same node
+// restores without the network.
+//
+// Layout under <local-dir>/<job>/<task>/:
+//
+//	<N:020>/            hard links to the snapshot's files (copies across devices)
+//	<N:020>.manifest    the committed manifest: present iff checkpoint N is complete
+//
+// Hard links cost no bytes and no time proportional to the state, but need
+// the local dir on the same filesystem as the app's store; across devices
+// the files are copied, which is slow, and Link reports it so the agent can
+// warn. Nothing here is fsynced: a local copy is a cache that every restore
+// verifies against the manifest's checksums, never a source of truth.
+package localrecovery
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"ckpt/manifests"
+)
+
+// Store is the local store of one job.
+type Store struct {
+	root string
+}
+
+// Open opens (creating if needed) the local store of job under dir.
+func Open(dir, job string) (*Store, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("local dir %q: must be an absolute path", dir)
+	}
+	if err := manifests.ValidName("job", job); err != nil {
+		return nil, err
+	}
+	root := filepath.Join(dir, job)
+	if err := os.MkdirAll(root, 0o750); err != nil {
+		return nil, fmt.Errorf("local dir: %w (check --local-dir and its permissions)", err)
+	}
+	return &Store{root: root}, nil
+}
+
+// Root is the job's directory in the local store.
+func (s *Store) Root() string { return s.root }
+
+// File is one file of a snapshot in the local store, with the identity of
+// its inode: same device, inode, size and mtime as a file held by the local
+// copy of a complete checkpoint means the same immutable bytes.
+type File struct {
+	Name    string
+	Size    int64
+	Dev     uint64
+	Ino     uint64
+	ModTime int64 // nanoseconds
+}
+
+// Identity keys the inode-level identity of a file.
+type Identity struct {
+	Dev, Ino uint64
+	Size     int64
+	ModTime  int64
+}
+
+// ID returns the file's identity.
+func (f File) ID() Identity { return Identity{f.Dev, f.Ino, f.Size, f.ModTime} }
+
+// Snapshot is a checkpoint's files as linked into the local store.
+type Snapshot struct {
+	Task       string
+	Checkpoint uint64
+	Dir        string
+	Files      []File // sorted by name
+	// Copied counts files that had to be copied because the snapshot lives on
+	// another device than the local store.
+	Copied int
+}
+
+// Path returns the local path of a file of the snapshot.
+func (sn *Snapshot) Path(name string) string { return filepath.Join(sn.Dir, name) }
+
+// BadFileError says a snapshot dir holds something other than regular files.
+type BadFileError struct {
+	Name   string
+	Reason string
+}
+
+func (e *BadFileError) Error() string {
+	return fmt.Sprintf("snapshot file %q: %s (only regular files are checkpointed)", e.Name, e.Reason)
+}
+
+func (s *Store) taskDir(task string) string { return filepath.Join(s.root, task) }
+
+func (s *Store) chkDir(task string, n uint64) string {
+	return filepath.Join(s.taskDir(task), fmt.Sprintf("%020d", n))
+}
+
+func (s *Store) manifestPath(task string, n uint64) string { return s.chkDir(task, n) + ".manifest" }
+
+// Link is the sync phase: it hard-links every file of src into the local
+// store as checkpoint n of task and returns the snapshot. src must hold only
+// regular files; anything else (symlink, directory, device, socket) fails
+// the whole snapshot with a *BadFileError and leaves nothing behind. No file
+// data is read, hashed or fsynced here unless src is on another device.
+func (s *Store) Link(task string, n uint64, src string) (*Snapshot, error) {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot dir: %w", err)
+	}
+	if len(entries) == 0 {
+		return nil, &BadFileError{Name: src, Reason: "snapshot dir is empty"}
+	}
+	for _, e := range entries {
+		if err := manifests.ValidFileName(e.Name()); err != nil {
+			return nil, &BadFileError{Name: e.Name(), Reason: "unsafe name"}
+		}
+		if !e.Type().IsRegular() {
+			return nil, &BadFileError{Name: e.Name(), Reason: describe(e.Type())}
+		}
+	}
+	dst := s.chkDir(task, n)
+	if err := os.RemoveAll(dst); err != nil { // left by an aborted or crashed attempt
+		return nil, fmt.Errorf("local store: %w", err)
+	}
+	if err := os.MkdirAll(dst, 0o750); err != nil {
+		return nil, fmt.Errorf("local store: %w", err)
+	}
+	sn := &Snapshot{Task: task, Checkpoint: n, Dir: dst}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(dst)
+		}
+	}()
+	for _, e := range entries {
+		from, to := filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())
+		if err := os.Link(from, to); err != nil {
+			if !errors.Is(err, syscall.EXDEV) {
+				return nil, fmt.Errorf("link %s into the local store: %w", e.Name(), err)
+			}
+			if err := copyFile(from, to); err != nil {
+				return nil, fmt.Errorf("copy %s into the local store: %w", e.Name(), err)
+			}
+			sn.Copied++
+		}
+		// Check what was linked, not what was listed: the entry may have been
+		// swapped for a symlink in between, and link(2) does not follow one.
+		f, err := stat(to)
+		if err != nil {
+			return nil, err
+		}
+		if f == nil {
+			return nil, &BadFileError{Name: e.Name(), Reason: "changed into a non-regular file while being linked"}
+		}
+		f.Name = e.Name()
+		sn.Files = append(sn.Files, *f)
+	}
+	sort.Slice(sn.Files, func(i, j int) bool { return sn.Files[i].Name < sn.Files[j].Name })
+	ok = true
+	return sn, nil
+}
+
+func describe(m fs.FileMode) string {
+	switch {
+	case m&fs.ModeSymlink != 0:
+		return "is a symlink"
+	case m.IsDir():
+		return "is a directory"
+	case m&fs.ModeDevice != 0:
+		return "is a device"
+	case m&fs.ModeSocket != 0:
+		return "is a socket"
+	case m&fs.ModeNamedPipe != 0:
+		return "is a named pipe"
+	}
+	return "is not a regular file"
+}
+
+// stat returns the identity of a regular file, nil if it is not regular.
+func stat(p string) (*File, error) {
+	fi, err := os.Lstat(p)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		return nil, nil
+	}
+	f := &File{Name: filepath.Base(p), Size: fi.Size(), ModTime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		f.Dev, f.Ino = uint64(st.Dev), uint64(st.Ino)
+	}
+	return f, nil
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o640)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// Complete records checkpoint n of task as complete (its manifest beside its
+// files) and removes the task's older local checkpoints. Checkpoints newer
+// than n (in flight) are kept.
+func (s *Store) Complete(task string, n uint64, manifest []byte) error {
+	p := s.manifestPath(task, n)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, manifest, 0o640); err != nil {
+		return fmt.Errorf("local store: %w", err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("local store: %w", err)
+	}
+	nums, err := s.checkpoints(task)
+	if err != nil {
+		return err
+	}
+	for _, old := range nums {
+		if old < n {
+			if err := s.Discard(task, old); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// Discard removes checkpoint n of task from the local store.
+func (s *Store) Discard(task string, n uint64) error {
+	// The manifest goes first: without it the directory is only debris.
+	if err := os.Remove(s.manifestPath(task, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local store: %w", err)
+	}
+	if err := os.RemoveAll(s.chkDir(task, n)); err != nil {
+		return fmt.Errorf("local store: %w", err)
+	}
+	return nil
+}
+
+// checkpoints lists the checkpoint numbers with a directory or manifest.
+func (s *Store) checkpoints(task string) ([]uint64, error) {
+	entries, err := os.ReadDir(s.taskDir(task))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("local store: %w", err)
+	}
+	seen := map[uint64]bool{}
+	var out []uint64
+	for _, e := range entries {
+		name := strings.TrimSuffix(e.Name(), ".manifest")
+		if len(name) != 20 {
+			continue
+		}
+		n, err := strconv.ParseUint(name, 10, 64)
+		if err != nil || n == 0 || seen[n] {
+			continue
+		}
+		seen[n] = true
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out, nil
+}
+
+// Local is a complete checkpoint kept in the local store.
+type Local struct {
+	Checkpoint uint64
+	Dir        string
+	Manifest   *manifests.Manifest
+}
+
+// Path returns the local path of a file of the checkpoint.
+func (l *Local) Path(name string) string { return filepath.Join(l.Dir, name) }
+
+// Latest returns the newest complete checkpoint of task kept locally, or
+// nil when there is none. A local manifest that fails its checks is
+// treated as absent (the local store is a cache, not a source of truth).
+func (s *Store) Latest(task string) (*Local, error) {
+	nums, err := s.checkpoints(task)
+	if err != nil {
+		return nil, err
+	}
+	for i := len(nums) - 1; i >= 0; i-- {
+		if l := s.load(task, nums[i]); l != nil {
+			return l, nil
+		}
+	}
+	return nil, nil
+}
+
+// Get returns checkpoint n of task if it is kept locally and complete.
+func (s *Store) Get(task string, n uint64) *Local { return s.load(task, n) }
+
+func (s *Store) load(task string, n uint64) *Local {
+	data, err := os.ReadFile(s.manifestPath(task, n))
+	if err != nil {
+		return nil
+	}
+	m, err := manifests.Decode(data)
+	if err != nil || m.Task != task || m.Checkpoint != n {
+		return nil
+	}
+	return &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m}
+}
+
+// Recover tidies a task's local store after a restart: it keeps the newest
+// complete checkpoint and removes everything else (attempts that were in
+// flight when the previous agent stopped, and older copies).
+func (s *Store) Recover(task string) (*Local, error) {
+	latest, err := s.Latest(task)
+	if err != nil {
+		return nil, err
+	}
+	nums, err := s.checkpoints(task)
+	if err != nil {
+		return nil, err
+	}
+	for _, n := range nums {
+		if latest == nil || n != latest.Checkpoint {
+			if err := s.Discard(task, n); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return latest, nil
+}
+
+// HashIndex maps the inode identity of each file the local copy l holds to
+// its SHA-256 from l's manifest. Because l holds a hard link to each of
+// those inodes, no inode in the index can be freed and reused while l
+// exists: a snapshot file with the same identity is the same bytes, and its
+// hash need not be computed again.
+func HashIndex(l *Local) map[Identity]string {
+	idx := map[Identity]string{}
+	if l == nil {
+		return idx
+	}
+	for _, mf := range l.Manifest.Files {
+		f, err := stat(l.Path(mf.Name))
+		if err != nil || f == nil || f.Size != mf.Size {
+			continue
+		}
+		idx[f.ID()] = mf.SHA256
+	}
+	return idx
+}
+
+// Adopt records files already in place (a restored store in dir) as the
+// complete local checkpoint of task described by m, and m itself. Shared
+// files are hard-linked (they are immutable, and the shared inode is what
+// lets the next checkpoint skip hashing them); private files are copied,
+// since the engine that opens dir may append to them. A file that cannot be
+// linked (another device, missing) is left out: a later restore falls back
+// to storage for it. Adopt reports how many files it kept.
+func (s *Store) Adopt(task string, m *manifests.Manifest, encoded []byte, dir string) (int, error) {
+	dst := s.chkDir(task, m.Checkpoint)
+	if err := os.RemoveAll(dst); err != nil {
+		return 0, fmt.Errorf("local store: %w", err)
+	}
+	if err := os.MkdirAll(dst, 0o750); err != nil {
+		return 0, fmt.Errorf("local store: %w", err)
+	}
+	linked := 0
+	for _, f := range m.Files {
+		from, to := filepath.Join(dir, f.Name), filepath.Join(dst, f.Name)
+		var err error
+		if f.Kind == manifests.Shared {
+			err = os.Link(from, to)
+		} else {
+			err = copyFile(from, to)
+		}
+		if err == nil {
+			linked++
+		}
+	}
+	if err := s.Complete(task, m.Checkpoint, encoded); err != nil {
+		return linked, err
+	}
+	return linked, nil
+}

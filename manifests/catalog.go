@@ -1,0 +1,167 @@
+package manifests
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"time"
+
+	"ckpt/storage"
+)
+
+// ErrConflict is returned (wrapped) when a manifest for the same checkpoint
+// of the same task already exists: another writer committed it first.
+var ErrConflict = errors.New("checkpoint already committed")
+
+// Ref names one committed checkpoint as found in storage.
+type Ref struct {
+	Task         string
+	Checkpoint   uint64
+	Created      time.Time // the manifest object's time
+	ManifestSize int64
+	Retired      bool
+	RetiredAt    time.Time
+}
+
+// Catalog is what a scan of a job's task prefix found.
+type Catalog struct {
+	Job  string
+	Refs []Ref // sorted by task, then checkpoint
+	// Private holds the private objects seen, by key.
+	Private map[string]storage.ObjectInfo
+	// StrayMarkers are retired markers whose manifest is gone.
+	StrayMarkers []string
+	ListedAt     time.Time
+}
+
+// Retained returns the complete, not retired checkpoints of task (all tasks
+// when task is ""), oldest first.
+func (c *Catalog) Retained(task string) []Ref {
+	var out []Ref
+	for _, r := range c.Refs {
+		if !r.Retired && (task == "" || r.Task == task) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Scan lists the manifests, retention markers and private objects of a job
+// (of one task when task is not ""). It reads no manifest bodies.
+func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, error) {
+	prefix := TasksPrefix(job)
+	if task != "" {
+		prefix = TaskPrefix(job, task)
+	}
+	c := &Catalog{Job: job, Private: map[string]storage.ObjectInfo{}, ListedAt: time.Now()}
+	type id struct {
+		task string
+		n    uint64
+	}
+	refs := map[id]*Ref{}
+	markers := map[id]storage.ObjectInfo{}
+	err := s.List(ctx, prefix, func(o storage.ObjectInfo) error {
+		t, n, kind := parseTaskKey(job, o.Key)
+		switch kind {
+		case keyManifest:
+			refs[id{t, n}] = &Ref{Task: t, Checkpoint: n, Created: o.ModTime, ManifestSize: o.Size}
+		case keyRetired:
+			markers[id{t, n}] = o
+		case keyPrivate:
+			c.Private[o.Key] = o
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("scan checkpoints of job %s in %s: %w", job, s, err)
+	}
+	for k, m := range markers {
+		if r, ok := refs[k]; ok {
+			r.Retired, r.RetiredAt = true, m.ModTime
+		} else {
+			c.StrayMarkers = append(c.StrayMarkers, m.Key)
+		}
+	}
+	for _, r := range refs {
+		c.Refs = append(c.Refs, *r)
+	}
+	sort.Slice(c.Refs, func(i, j int) bool {
+		if c.Refs[i].Task != c.Refs[j].Task {
+			return c.Refs[i].Task < c.Refs[j].Task
+		}
+		return c.Refs[i].Checkpoint < c.Refs[j].Checkpoint
+	})
+	sort.Strings(c.StrayMarkers)
+	return c, nil
+}
+
+// Load reads and checks the manifest of checkpoint n of task. A missing
+// manifest returns an error wrapping storage.ErrNotFound.
+func Load(ctx context.Context, s storage.Store, job, task string, n uint64) (*Manifest, error) {
+	key := ManifestKey(job, task, n)
+	rc, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
+	}
+	m, err := Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("manifest %s: %w", key, err)
+	}
+	if m.Job != job || m.Task != task || m.Checkpoint != n {
+		return nil, fmt.Errorf("manifest %s: names job %q task %q checkpoint %d, not where it is stored", key, m.Job, m.Task, m.Checkpoint)
+	}
+	return m, nil
+}
+
+// Commit writes the encoded manifest of m with a conditional create: the
+// checkpoint becomes complete at this moment, and only if no other writer
+// completed it first (then the error wraps ErrConflict and the winner's
+// manifest is left intact). Every object m names must already be durable.
+func Commit(ctx context.Context, s storage.Store, m *Manifest, encoded []byte) error {
+	key := ManifestKey(m.Job, m.Task, m.Checkpoint)
+	err := s.Create(ctx, key, bytes.NewReader(encoded), int64(len(encoded)))
+	if errors.Is(err, storage.ErrExists) {
+		return fmt.Errorf("commit %s checkpoint %d: %w", m.Task, m.Checkpoint, ErrConflict)
+	}
+	if err != nil {
+		return fmt.Errorf("commit %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+	}
+	return nil
+}
+
+// Retire writes the retention marker of checkpoint n. From then on the
+// checkpoint is no longer listed, restored or used for deduplication; its
+// objects stay live for the GC grace period that the marker's time starts,
+// so a checkpoint in flight that chose to reuse them can still commit.
+func Retire(ctx context.Context, s storage.Store, job, task string, n uint64) error {
+	if err := s.Put(ctx, RetiredKey(job, task, n), bytes.NewReader(nil), 0); err != nil {
+		return fmt.Errorf("retire %s checkpoint %d: %w", task, n, err)
+	}
+	return nil
+}
+
+// RetireOld retires every retained checkpoint of task but the newest keep,
+// oldest first, and returns the numbers retired. keep < 1 is treated as 1:
+// a task never retires its newest complete checkpoint.
+func RetireOld(ctx context.Context, s storage.Store, c *Catalog, task string, keep int) ([]uint64, error) {
+	if keep < 1 {
+		keep = 1
+	}
+	kept := c.Retained(task)
+	var retired []uint64
+	for i := 0; i+keep < len(kept); i++ {
+		if err := Retire(ctx, s, c.Job, task, kept[i].Checkpoint); err != nil {
+			return retired, err
+		}
+		retired = append(retired, kept[i].Checkpoint)
+	}
+	return retired, nil
+}

@@ -1,0 +1,234 @@
+// Package manifests owns the checkpoint manifest: its format, the storage
+// layout of a job, the conditional commit that makes a checkpoint complete,
+// retention, and garbage collection from the live set of retained manifests.
+//
+// The rule everything else leans on: objects first, manifest last. A
+// checkpoint is complete if and only if its manifest exists, and a manifest
+// is written only after every object it names is durable.
+package manifests
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FormatVersion is the manifest format this build writes and reads.
+const FormatVersion = 1
+
+// MaxManifestBytes bounds the size of a manifest this build will read.
+const MaxManifestBytes = 256 << 20
+
+// Kind says how a file of a snapshot is stored.
+type Kind string
+
+const (
+	// Shared files (*.sst, *.blob) are immutable: content-addressed objects
+	// under <job>/shared/, uploaded once and referenced by many checkpoints.
+	Shared Kind = "shared"
+	// Private files (MANIFEST-*, CURRENT, OPTIONS-*, WAL, ...) are stored with
+	// each checkpoint, inline in the manifest when small.
+	Private Kind = "private"
+)
+
+// File is one file of a checkpoint.
+type File struct {
+	Name   string `json:"name"`
+	Kind   Kind   `json:"kind"`
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+	// Key is the object holding the bytes; empty when Inline holds them.
+	Key    string `json:"key,omitempty"`
+	Inline []byte `json:"inline,omitempty"`
+	// Uploaded is true when this checkpoint wrote the object itself, false
+	// when it reused an object of an earlier retained checkpoint.
+	Uploaded bool `json:"uploaded"`
+}
+
+// ContentID names a shared file's content: its SHA-256 and its size.
+func (f File) ContentID() string { return ContentID(f.SHA256, f.Size) }
+
+// ContentID joins a hex SHA-256 and a size into a content id.
+func ContentID(sha string, size int64) string { return sha + "-" + strconv.FormatInt(size, 10) }
+
+// Manifest describes one complete checkpoint of one task.
+type Manifest struct {
+	Job        string    `json:"job"`
+	Task       string    `json:"task"`
+	Checkpoint uint64    `json:"checkpoint"`
+	Parent     uint64    `json:"parent,omitempty"` // newest complete checkpoint when this one started
+	Created    time.Time `json:"created"`
+	Engine     string    `json:"engine,omitempty"`
+	AgentID    string    `json:"agent_id,omitempty"`
+	Files      []File    `json:"files"`
+
+	// FullSize is the bytes of every file the checkpoint references: what a
+	// restore fetches (Flink's lastCheckpointFullSize).
+	FullSize int64 `json:"full_size"`
+	// CheckpointSize is the bytes this checkpoint wrote to storage: new
+	// objects plus the manifest itself (Flink's lastCheckpointSize).
+	CheckpointSize int64 `json:"checkpoint_size"`
+	FilesUploaded  int   `json:"files_uploaded"`
+	FilesReused    int   `json:"files_reused"`
+}
+
+// envelope is the stored form: the body's raw bytes and their checksum, so
+// the checksum covers exactly the bytes written, whatever a decoder keeps.
+type envelope struct {
+	Format int             `json:"format"`
+	SHA256 string          `json:"sha256"`
+	Body   json.RawMessage `json:"body"`
+}
+
+// Encode returns the stored form of m. It sets m.CheckpointSize to
+// objectBytes plus the length of the encoding itself.
+func (m *Manifest) Encode(objectBytes int64) ([]byte, error) {
+	var out []byte
+	size := objectBytes
+	// The manifest counts its own bytes; the length of the number can change
+	// the length of the encoding, so iterate to the fixed point (2-3 rounds).
+	for range 8 {
+		m.CheckpointSize = size
+		body, err := json.Marshal(m)
+		if err != nil {
+			return nil, fmt.Errorf("encode manifest: %w", err)
+		}
+		sum := sha256.Sum256(body)
+		out, err = json.Marshal(envelope{Format: FormatVersion, SHA256: hex.EncodeToString(sum[:]), Body: body})
+		if err != nil {
+			return nil, fmt.Errorf("encode manifest: %w", err)
+		}
+		if objectBytes+int64(len(out)) == size {
+			return out, nil
+		}
+		size = objectBytes + int64(len(out))
+	}
+	return out, nil
+}
+
+// Decode parses and checks a stored manifest: format version, checksum, and
+// every field a restore or GC trusts (see Validate). Storage is not trusted.
+func Decode(data []byte) (*Manifest, error) {
+	if len(data) > MaxManifestBytes {
+		return nil, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", len(data), MaxManifestBytes)
+	}
+	var env envelope
+	if err := json.Unmarshal(data, &env); err != nil {
+		return nil, fmt.Errorf("manifest is not valid JSON: %w", err)
+	}
+	if env.Format != FormatVersion {
+		return nil, fmt.Errorf("manifest format %d is not supported by this ckpt (it reads format %d); upgrade ckpt", env.Format, FormatVersion)
+	}
+	sum := sha256.Sum256(env.Body)
+	if hex.EncodeToString(sum[:]) != env.SHA256 {
+		return nil, errors.New("manifest checksum mismatch: the manifest is corrupt or was tampered with")
+	}
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(env.Body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("manifest body: %w", err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidName checks a job or task name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}.
+func ValidName(what, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("invalid %s name %q: use 1-128 of A-Z a-z 0-9 . _ - starting with a letter or digit", what, name)
+	}
+	return nil
+}
+
+// ValidFileName checks that a snapshot file name is one plain path element:
+// not empty, not "." or "..", no separator, no NUL, at most 255 bytes.
+func ValidFileName(name string) error {
+	if name == "" || name == "." || name == ".." || len(name) > 255 || strings.ContainsAny(name, "/\\\x00") {
+		return fmt.Errorf("unsafe file name %q", name)
+	}
+	return nil
+}
+
+func validSHA(s string) bool {
+	if len(s) != 64 {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
+// Validate checks everything a reader relies on: names, that every file
+// name is a plain path element, that shared keys are the content address of
+// their hash and size, that private keys belong to this checkpoint, that
+// inline bytes match their size and hash, and that the totals add up.
+func (m *Manifest) Validate() error {
+	if err := ValidName("job", m.Job); err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	if err := ValidName("task", m.Task); err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	if m.Checkpoint == 0 {
+		return errors.New("manifest: checkpoint number 0")
+	}
+	seen := make(map[string]bool, len(m.Files))
+	var full int64
+	for _, f := range m.Files {
+		if err := ValidFileName(f.Name); err != nil {
+			return fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+		}
+		if seen[f.Name] {
+			return fmt.Errorf("manifest of %s checkpoint %d: file %q listed twice", m.Task, m.Checkpoint, f.Name)
+		}
+		seen[f.Name] = true
+		if f.Size < 0 || !validSHA(f.SHA256) {
+			return fmt.Errorf("manifest: file %q: bad size or sha256", f.Name)
+		}
+		switch f.Kind {
+		case Shared:
+			if f.Key != SharedKey(m.Job, f.SHA256, f.Size) || f.Inline != nil {
+				return fmt.Errorf("manifest: shared file %q: key %q is not its content address", f.Name, f.Key)
+			}
+		case Private:
+			if f.Inline != nil {
+				if f.Key != "" || int64(len(f.Inline)) != f.Size {
+					return fmt.Errorf("manifest: private file %q: inline bytes do not match its size", f.Name)
+				}
+				sum := sha256.Sum256(f.Inline)
+				if hex.EncodeToString(sum[:]) != f.SHA256 {
+					return fmt.Errorf("manifest: private file %q: inline bytes do not match its sha256", f.Name)
+				}
+			} else if f.Key != PrivateKey(m.Job, m.Task, m.Checkpoint, f.Name) {
+				return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", f.Name, f.Key)
+			}
+		default:
+			return fmt.Errorf("manifest: file %q: unknown kind %q", f.Name, f.Kind)
+		}
+		full += f.Size
+	}
+	if full != m.FullSize {
+		return fmt.Errorf("manifest: full size %d does not equal the sum of its files %d", m.FullSize, full)
+	}
+	return nil
+}
+
+// Classify says whether a snapshot file is shared (immutable, deduplicated)
+// or private to its checkpoint.
+func Classify(name string) Kind {
+	if strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob") {
+		return Shared
+	}
+	return Private
+}
