@@ -101,24 +101,30 @@ func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, err
 // Load reads and checks the manifest of checkpoint n of task. A missing
 // manifest returns an error wrapping storage.ErrNotFound.
 func Load(ctx context.Context, s storage.Store, job, task string, n uint64) (*Manifest, error) {
+	m, _, err := LoadEncoded(ctx, s, job, task, n)
+	return m, err
+}
+
+// LoadEncoded is Load that also returns the manifest as stored.
+func LoadEncoded(ctx context.Context, s storage.Store, job, task string, n uint64) (*Manifest, []byte, error) {
 	key := ManifestKey(job, task, n)
 	rc, err := s.Get(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
+		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
 	}
 	defer rc.Close()
 	data, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
+		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
 	}
 	m, err := Decode(data)
 	if err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", key, err)
+		return nil, nil, fmt.Errorf("manifest %s: %w", key, err)
 	}
 	if m.Job != job || m.Task != task || m.Checkpoint != n {
-		return nil, fmt.Errorf("manifest %s: names job %q task %q checkpoint %d, not where it is stored", key, m.Job, m.Task, m.Checkpoint)
+		return nil, nil, fmt.Errorf("manifest %s: names job %q task %q checkpoint %d, not where it is stored", key, m.Job, m.Task, m.Checkpoint)
 	}
-	return m, nil
+	return m, data, nil
 }
 
 // Commit writes the encoded manifest of m with a conditional create: the

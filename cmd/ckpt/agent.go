@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"ckpt/agent"
+	"ckpt/restore"
+)
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error {
+	*s = append(*s, v)
+	return nil
+}
+
+func runAgent(ctx context.Context, args []string) error {
+	fs := newFlags("agent", "--socket PATH --storage URL --job NAME --local-dir DIR [flags]",
+		"ckpt agent --socket /run/ckpt/ckpt.sock --storage s3://bucket/ckpt --job orders --local-dir /data/ckpt-local --allow-root /data")
+	socket := fs.String("socket", "", "Unix socket to serve the protocol on (created with mode 0660)")
+	store := fs.String("storage", "", "storage URL: file:///dir, s3://bucket/prefix or gs://bucket/prefix")
+	job := fs.String("job", "", "job name: the namespace of this deployment in storage")
+	localDir := fs.String("local-dir", "", "task-local store; put it on the app's filesystem so snapshots are hard-linked")
+	var roots stringList
+	fs.Var(&roots, "allow-root", "a checkpoint dir must resolve inside this directory (repeatable; none: any dir)")
+	retain := fs.Int("retain", 2, "complete checkpoints kept per task")
+	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it")
+	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
+	conc := fs.Int("upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
+	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
+	maxQueued := fs.Int("max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
+	shutdown := fs.Duration("shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
+	full := fs.Bool("full", false, "upload every file of every checkpoint (a baseline for benchmarks)")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
+	if err := fs.Parse(args); err != nil {
+		if err == flag.ErrHelp {
+			return err
+		}
+		return usageError{err}
+	}
+	if *config != "" {
+		if err := applyConfig(fs, *config); err != nil {
+			return usageError{err}
+		}
+	}
+	if err := parse(fs, nil, "socket", "storage", "job", "local-dir"); err != nil {
+		return err
+	}
+	log, err := newLogger(*logLevel)
+	if err != nil {
+		return err
+	}
+	st, err := openStore(ctx, *store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	cfg := agent.Config{
+		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots,
+		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,
+		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
+		ShutdownGrace: *shutdown, Full: *full, Version: version, Logger: log,
+	}
+	cfg.Restore = func(ctx context.Context, task string, n uint64, target string) (any, error) {
+		return restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, LocalDir: *localDir})
+	}
+	a, err := agent.New(cfg)
+	if err != nil {
+		return usageError{err}
+	}
+	return a.Run(ctx)
+}
+
+// applyConfig sets every flag the config file names and the command line
+// did not set. Unknown keys are errors: a typo must not pass silently.
+func applyConfig(fs *flag.FlagSet, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--config: %w", err)
+	}
+	var kv map[string]any
+	if err := json.Unmarshal(data, &kv); err != nil {
+		return fmt.Errorf("--config %s: not a JSON object: %w", path, err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for k, v := range kv {
+		name := strings.ReplaceAll(k, "_", "-")
+		if fs.Lookup(name) == nil || name == "config" {
+			return fmt.Errorf("--config %s: unknown setting %q", path, k)
+		}
+		if set[name] {
+			continue
+		}
+		vals := []any{v}
+		if list, ok := v.([]any); ok {
+			vals = list
+		}
+		for _, one := range vals {
+			var s string
+			switch x := one.(type) {
+			case string:
+				s = x
+			case float64, bool:
+				s = fmt.Sprint(x)
+			default:
+				return fmt.Errorf("--config %s: setting %q: unsupported value %v", path, k, one)
+			}
+			if err := fs.Set(name, s); err != nil {
+				return fmt.Errorf("--config %s: setting %q: %w", path, k, err)
+			}
+		}
+	}
+	return nil
+}
+
+func runTrigger(ctx context.Context, args []string) error {
+	fs := newFlags("trigger", "--socket PATH --task T --checkpoint N --dir DIR [--json]",
+		"ckpt trigger --socket /run/ckpt/ckpt.sock --task orders-3 --checkpoint 42 --dir /data/orders-3/.ckpt-42")
+	socket := fs.String("socket", "", "the agent's Unix socket")
+	task := fs.String("task", "", "task name")
+	n := fs.Uint64("checkpoint", 0, "checkpoint number (positive, increasing per task)")
+	dir := fs.String("dir", "", "absolute path of the snapshot directory (an engine checkpoint)")
+	engine := fs.String("engine", "", "engine that made the snapshot (pebble, rocksdb, generic)")
+	asJSON := fs.Bool("json", false, "print the completed (or failed) event as JSON")
+	if err := parse(fs, args, "socket", "task", "checkpoint", "dir"); err != nil {
+		return err
+	}
+	return trigger(ctx, *socket, *task, *n, *dir, *engine, *asJSON)
+}

@@ -1,0 +1,173 @@
+// Command ckpt is the checkpoint sidecar: the agent, and the commands that
+// trigger, list, verify, restore and garbage-collect checkpoints.
+//
+// Exit status: 0 success, 1 the operation failed, 2 bad usage.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+
+	"ckpt/storage"
+	_ "ckpt/storage/file"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"agent", "run the sidecar agent on a Unix socket", runAgent},
+		{"trigger", "send one checkpoint request to an agent and wait for its end", runTrigger},
+		{"restore", "restore a task's store from its newest (or a chosen) checkpoint", runRestore},
+		{"list", "list the complete checkpoints of a job", runList},
+		{"verify", "re-read every object of checkpoints and check sizes and checksums", runVerify},
+		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
+		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
+	}
+}
+
+// usageError marks errors that exit with status 2.
+type usageError struct{ error }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:]))
+}
+
+func run(ctx context.Context, args []string) int {
+	cmds := commands()
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		printUsage(os.Stderr, cmds)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range cmds {
+		if c.name == args[0] {
+			err := c.run(ctx, args[1:])
+			if err == nil {
+				return 0
+			}
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
+			var ue usageError
+			if errors.As(err, &ue) {
+				fmt.Fprintf(os.Stderr, "ckpt %s: %v\n", c.name, err)
+				return 2
+			}
+			if !errors.Is(err, errReported) {
+				fmt.Fprintf(os.Stderr, "ckpt %s: %v\n", c.name, err)
+			}
+			return 1
+		}
+	}
+	fmt.Fprintf(os.Stderr, "ckpt: unknown command %q\n\n", args[0])
+	printUsage(os.Stderr, cmds)
+	return 2
+}
+
+// errReported is returned by commands that already printed their failure.
+var errReported = errors.New("failed")
+
+func printUsage(w io.Writer, cmds []command) {
+	fmt.Fprintln(w, "ckpt: incremental checkpoints of LSM stores to object storage, with local recovery.")
+	fmt.Fprintln(w, "\nUsage: ckpt <command> [flags]   (ckpt <command> --help for its flags)")
+	fmt.Fprintln(w, "\nCommands:")
+	sort.SliceStable(cmds, func(i, j int) bool { return false })
+	for _, c := range cmds {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+}
+
+// newFlags makes a command's flag set with a usage text and an example.
+func newFlags(name, synopsis, example string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(os.Stderr, "Usage: ckpt %s %s\n\nFlags:\n", name, synopsis)
+		fs.PrintDefaults()
+		if example != "" {
+			fmt.Fprintf(os.Stderr, "\nExample:\n  %s\n", example)
+		}
+	}
+	return fs
+}
+
+// parse parses flags, refuses stray arguments and checks required flags.
+func parse(fs *flag.FlagSet, args []string, required ...string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))}
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var missing []string
+	for _, r := range required {
+		if !set[r] && fs.Lookup(r).Value.String() == "" {
+			missing = append(missing, "--"+r)
+		}
+	}
+	if len(missing) > 0 {
+		return usageError{fmt.Errorf("missing %s", strings.Join(missing, ", "))}
+	}
+	return nil
+}
+
+// openStore opens a storage URL with a message that says what to check.
+func openStore(ctx context.Context, url string) (storage.Store, error) {
+	s, err := storage.Open(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// printJSON writes v as the one JSON value on stdout.
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// newLogger logs to stderr: JSON when stderr is not a terminal, text when it is.
+func newLogger(level string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, usageError{fmt.Errorf("--log-level %q: use debug, info, warn or error", level)}
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	if isTerminal(os.Stderr) {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts)), nil
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts)), nil
+}
+
+func isTerminal(f *os.File) bool {
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,387 @@
+// Package restore rebuilds a task's store from a complete checkpoint: from
+// the task-local copy where it is present and verifies, from storage for
+// every other file. Every file is checked against the manifest's size and
+// SHA-256 before the restore succeeds, and the target appears whole or not
+// at all: files land in a temporary directory beside it, are fsynced, and
+// the directory is renamed into place only when every file verified.
+package restore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"ckpt/localrecovery"
+	"ckpt/manifests"
+	"ckpt/storage"
+)
+
+// Options says what to restore where.
+type Options struct {
+	Store     storage.Store
+	Job, Task string
+	// Target is the directory to create; it must be absent or empty.
+	Target string
+	// Checkpoint picks a retained checkpoint; 0 means the newest.
+	Checkpoint uint64
+	// LocalDir is the agent's local dir: files are taken from the local copy
+	// when present and intact, and the restore is recorded there so that the
+	// agent does not upload restored files again. "" restores from storage.
+	LocalDir string
+	// IfNotExists makes a target that already holds files a success that
+	// does nothing.
+	IfNotExists bool
+	// IfCheckpointExists makes "no checkpoint in storage" a success that
+	// does nothing.
+	IfCheckpointExists bool
+	// Parallelism bounds concurrent file restores (default 8).
+	Parallelism int
+	// Progress, when set, is called as bytes land (total is the full size).
+	Progress func(done, total int64)
+}
+
+// Result is what a restore did; its JSON is `ckpt restore --json`.
+type Result struct {
+	Restored    bool   `json:"restored"`
+	Reason      string `json:"reason,omitempty"`
+	Task        string `json:"task,omitempty"`
+	Checkpoint  uint64 `json:"checkpoint,omitempty"`
+	Files       int    `json:"files"`
+	Bytes       int64  `json:"bytes"`
+	BytesLocal  int64  `json:"bytes_local"`
+	BytesRemote int64  `json:"bytes_remote"`
+	FilesLocal  int    `json:"files_local"`
+	FilesRemote int    `json:"files_remote"`
+	// LocalFallbacks counts local files that were missing or corrupt and
+	// came from storage instead.
+	LocalFallbacks int    `json:"local_fallbacks"`
+	DurationMS     int64  `json:"duration_ms"`
+	Target         string `json:"target,omitempty"`
+}
+
+// ErrNoCheckpoint is returned (wrapped) when storage holds no complete
+// checkpoint to restore.
+var ErrNoCheckpoint = errors.New("no checkpoint to restore")
+
+// ErrTargetNotEmpty is returned (wrapped) when the target holds files.
+var ErrTargetNotEmpty = errors.New("restore target is not empty")
+
+// Run restores a task. See Options for the guards and sources.
+func Run(ctx context.Context, o Options) (*Result, error) {
+	start := time.Now()
+	if err := manifests.ValidName("job", o.Job); err != nil {
+		return nil, err
+	}
+	if err := manifests.ValidName("task", o.Task); err != nil {
+		return nil, err
+	}
+	if !filepath.IsAbs(o.Target) {
+		return nil, fmt.Errorf("restore target %q must be an absolute path", o.Target)
+	}
+	target := filepath.Clean(o.Target)
+	if o.Parallelism < 1 {
+		o.Parallelism = 8
+	}
+	empty, err := isEmptyOrAbsent(target)
+	if err != nil {
+		return nil, err
+	}
+	if !empty {
+		if o.IfNotExists {
+			return &Result{Restored: false, Reason: "target already holds a store: " + target}, nil
+		}
+		return nil, fmt.Errorf("%w: %s holds files (use --if-not-exists to keep an existing store)", ErrTargetNotEmpty, target)
+	}
+
+	n, err := pick(ctx, o)
+	if err != nil {
+		if errors.Is(err, ErrNoCheckpoint) && o.IfCheckpointExists {
+			return &Result{Restored: false, Reason: err.Error()}, nil
+		}
+		return nil, err
+	}
+	// The manifest is checked (format, checksum, names that cannot escape
+	// the target) before anything is written.
+	m, encoded, err := manifests.LoadEncoded(ctx, o.Store, o.Job, o.Task, n)
+	if err != nil {
+		return nil, err
+	}
+
+	var local *localrecovery.Local
+	var ls *localrecovery.Store
+	if o.LocalDir != "" {
+		if ls, err = localrecovery.Open(o.LocalDir, o.Job); err != nil {
+			return nil, err
+		}
+		local = ls.Get(o.Task, n)
+	}
+
+	tmp, err := makeTemp(target)
+	if err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			os.RemoveAll(tmp)
+		}
+	}()
+
+	res := &Result{Restored: true, Task: o.Task, Checkpoint: n, Files: len(m.Files), Bytes: m.FullSize, Target: target}
+	var done, bLocal, bRemote, fLocal, fRemote, fallbacks atomic.Int64
+	progress := func(k int64) {
+		if o.Progress != nil {
+			o.Progress(done.Add(k), m.FullSize)
+		} else {
+			done.Add(k)
+		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(o.Parallelism)
+	for _, f := range m.Files {
+		g.Go(func() error {
+			if err := gctx.Err(); err != nil {
+				return err
+			}
+			dst := filepath.Join(tmp, f.Name)
+			if local != nil {
+				used, err := fromLocal(local.Path(f.Name), dst, f)
+				if err != nil {
+					return fmt.Errorf("restore %s: %w", f.Name, err)
+				}
+				if used {
+					bLocal.Add(f.Size)
+					fLocal.Add(1)
+					progress(f.Size)
+					return nil
+				}
+				fallbacks.Add(1)
+			}
+			if err := fromStorage(gctx, o.Store, dst, f, progress); err != nil {
+				return fmt.Errorf("restore %s of %s checkpoint %d: %w", f.Name, o.Task, n, err)
+			}
+			bRemote.Add(f.Size) // inline bytes came from storage too, in the manifest
+			fRemote.Add(1)
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if err := syncDir(tmp); err != nil {
+		return nil, fmt.Errorf("restore: fsync %s: %w", tmp, err)
+	}
+	// Every file verified: the target appears now, whole.
+	if err := os.Rename(tmp, target); err != nil {
+		return nil, fmt.Errorf("restore: move the verified store into place: %w", err)
+	}
+	ok = true
+	if err := syncDir(filepath.Dir(target)); err != nil {
+		return nil, fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
+	}
+	if ls != nil {
+		// Restore inherits: the agent on this local dir will know these
+		// files (and their inodes) as checkpoint n and upload none of them.
+		if _, err := ls.Adopt(o.Task, m, encoded, target); err != nil {
+			return nil, fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
+		}
+	}
+	res.BytesLocal, res.BytesRemote = bLocal.Load(), bRemote.Load()
+	res.FilesLocal, res.FilesRemote = int(fLocal.Load()), int(fRemote.Load())
+	res.LocalFallbacks = int(fallbacks.Load())
+	if local == nil && o.LocalDir != "" {
+		res.LocalFallbacks = 0 // no local copy at all: not a fallback per file
+	}
+	res.DurationMS = time.Since(start).Milliseconds()
+	return res, nil
+}
+
+// pick chooses the checkpoint: the requested one if it is complete and
+// retained, else the newest.
+func pick(ctx context.Context, o Options) (uint64, error) {
+	cat, err := manifests.Scan(ctx, o.Store, o.Job, o.Task)
+	if err != nil {
+		return 0, err
+	}
+	refs := cat.Retained(o.Task)
+	if o.Checkpoint != 0 {
+		for _, r := range refs {
+			if r.Checkpoint == o.Checkpoint {
+				return r.Checkpoint, nil
+			}
+		}
+		return 0, fmt.Errorf("%w: checkpoint %d of task %s is not a complete retained checkpoint in %s (see ckpt list)", ErrNoCheckpoint, o.Checkpoint, o.Task, o.Store)
+	}
+	if len(refs) == 0 {
+		return 0, fmt.Errorf("%w: storage %s holds no checkpoint of task %s in job %s", ErrNoCheckpoint, o.Store, o.Task, o.Job)
+	}
+	return refs[len(refs)-1].Checkpoint, nil
+}
+
+func isEmptyOrAbsent(dir string) (bool, error) {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("restore target: %w", err)
+	}
+	return len(entries) == 0, nil
+}
+
+func makeTemp(target string) (string, error) {
+	parent := filepath.Dir(target)
+	if err := os.MkdirAll(parent, 0o755); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	tmp := filepath.Join(parent, "."+filepath.Base(target)+".restore-"+hex.EncodeToString(b))
+	if err := os.Mkdir(tmp, 0o755); err != nil {
+		return "", fmt.Errorf("restore: %w", err)
+	}
+	return tmp, nil
+}
+
+// fromLocal takes a file from the local copy if it is there and matches
+// the manifest. Shared files are hard-linked (copied across devices);
+// private files are copied, since the engine may append to them.
+func fromLocal(src, dst string, f manifests.File) (bool, error) {
+	fi, err := os.Lstat(src)
+	if err != nil || !fi.Mode().IsRegular() || fi.Size() != f.Size {
+		return false, nil
+	}
+	sum, err := hashFile(src)
+	if err != nil || sum != f.SHA256 {
+		return false, nil
+	}
+	if f.Kind == manifests.Shared {
+		err := os.Link(src, dst)
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, syscall.EXDEV) {
+			return false, err
+		}
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return false, nil
+	}
+	defer in.Close()
+	if err := writeVerified(dst, in, f, nil); err != nil {
+		os.Remove(dst)
+		return false, nil // changed under us: take it from storage
+	}
+	return true, nil
+}
+
+// fromStorage writes a file from its inline bytes or its object, verifying
+// size and hash; a mismatch fails the restore loudly.
+func fromStorage(ctx context.Context, s storage.Store, dst string, f manifests.File, progress func(int64)) error {
+	if f.Inline != nil {
+		if err := writeVerified(dst, &sliceReader{b: f.Inline}, f, progress); err != nil {
+			return err
+		}
+		return nil
+	}
+	rc, err := s.Get(ctx, f.Key)
+	if err != nil {
+		return err
+	}
+	defer rc.Close()
+	return writeVerified(dst, rc, f, progress)
+}
+
+type sliceReader struct{ b []byte }
+
+func (r *sliceReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.b)
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// writeVerified streams r into a new file dst while hashing, then checks
+// size and SHA-256 and fsyncs.
+func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int64)) error {
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil {
+		return err
+	}
+	defer out.Close()
+	h := sha256.New()
+	w := io.MultiWriter(out, h)
+	var n int64
+	buf := make([]byte, 1<<20)
+	for {
+		k, rerr := r.Read(buf)
+		if k > 0 {
+			if n+int64(k) > f.Size {
+				return fmt.Errorf("object is larger than the %d bytes the manifest says", f.Size)
+			}
+			if _, err := w.Write(buf[:k]); err != nil {
+				return err
+			}
+			n += int64(k)
+			if progress != nil {
+				progress(int64(k))
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	if n != f.Size {
+		return fmt.Errorf("got %d bytes, the manifest says %d", n, f.Size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
+		return fmt.Errorf("sha256 %s does not match the manifest's %s: the stored object is corrupt", got, f.SHA256)
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	return out.Close()
+}
+
+func hashFile(p string) (string, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return err
+	}
+	return nil
+}
