@@ -102,8 +102,8 @@ func TestOpenByURLWithEnvironment(t *testing.T) {
 
 func TestParseURL(t *testing.T) {
 	good := map[string]Options{
-		"s3://b":                       {Bucket: "b"},
-		"s3://b/p/q/":                  {Bucket: "b", Prefix: "p/q"},
+		"s3://b":      {Bucket: "b"},
+		"s3://b/p/q/": {Bucket: "b", Prefix: "p/q"},
 		"s3://b/p?path_style=true&region=eu-west-1&endpoint=http://h:1&sse=aws:kms&sse_kms_key_id=k": {
 			Bucket: "b", Prefix: "p", PathStyle: true, Region: "eu-west-1", Endpoint: "http://h:1", SSE: "aws:kms", SSEKMSKeyID: "k"},
 	}
