@@ -1,0 +1,74 @@
+package gs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"syscall"
+
+	gcs "cloud.google.com/go/storage"
+	"google.golang.org/api/googleapi"
+)
+
+// OpenError is the one-line error New returns when the bucket cannot be
+// used. Error() is written for a person (bucket, endpoint, what to check);
+// Unwrap gives the library's error for programs.
+type OpenError struct {
+	Msg string
+	Err error
+}
+
+func (e *OpenError) Error() string { return e.Msg }
+func (e *OpenError) Unwrap() error { return e.Err }
+
+// probe reads the bucket's metadata once, without retries, and explains a
+// failure.
+func (s *Store) probe(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	_, err := s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(pctx)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("gs bucket %q: %w", s.name, ctx.Err())
+	}
+	return &OpenError{Msg: s.explain(err, pctx.Err() != nil), Err: err}
+}
+
+func (s *Store) explain(err error, timedOut bool) string {
+	b, ep := s.name, s.endpoint
+	var dns *net.DNSError
+	var ge *googleapi.Error
+	switch {
+	case errors.Is(err, gcs.ErrBucketNotExist):
+		return fmt.Sprintf("gs bucket %q does not exist at endpoint %s (check the bucket name and STORAGE_EMULATOR_HOST)", b, ep)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Sprintf("gs endpoint %s refused the connection for bucket %q (check STORAGE_EMULATOR_HOST and that the server is running)", ep, b)
+	case errors.As(err, &dns):
+		return fmt.Sprintf("gs endpoint %s for bucket %q: cannot resolve host %q (check STORAGE_EMULATOR_HOST and the network)", ep, b, dns.Name)
+	case timedOut:
+		return fmt.Sprintf("gs endpoint %s did not answer for bucket %q within %v (check the network and STORAGE_EMULATOR_HOST)", ep, b, probeTimeout)
+	case errors.As(err, &ge) && (ge.Code == http.StatusForbidden || ge.Code == http.StatusUnauthorized):
+		return fmt.Sprintf("gs bucket %q at endpoint %s: access denied, HTTP %d (check GOOGLE_APPLICATION_CREDENTIALS or the application-default login, and that the account may read the bucket)", b, ep, ge.Code)
+	case errors.As(err, &ge):
+		return fmt.Sprintf("gs bucket %q at endpoint %s: HTTP %d (check the bucket name and the endpoint)", b, ep, ge.Code)
+	case strings.Contains(err.Error(), "credentials"):
+		return fmt.Sprintf("gs bucket %q at endpoint %s: no usable Google credentials (set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`)", b, ep)
+	}
+	return fmt.Sprintf("gs endpoint %s for bucket %q: cannot connect: %v (check the network and STORAGE_EMULATOR_HOST)", ep, b, rootCause(err))
+}
+
+// rootCause returns the innermost error's text, on one line.
+func rootCause(err error) string {
+	for {
+		next := errors.Unwrap(err)
+		if next == nil {
+			return strings.ReplaceAll(err.Error(), "\n", " ")
+		}
+		err = next
+	}
+}
