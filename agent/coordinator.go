@@ -164,9 +164,9 @@ func (a *Agent) run(ck *checkpoint) {
 	ev, err := a.upload(ck)
 	if err == nil {
 		ck.completed = true
-		a.finish(ck, true)
-		ck.c.send(ev)
+		ck.c.send(ev) // before finish: a stopping agent waits for finish, then hangs up
 		a.maybeSweep()
+		a.finish(ck, true)
 		return
 	}
 	// The checkpoint did not complete: its local copy goes now; what it
@@ -177,7 +177,7 @@ func (a *Agent) run(ck *checkpoint) {
 	a.mu.Lock()
 	aborted := ck.aborted
 	a.mu.Unlock()
-	a.finish(ck, true)
+	defer a.finish(ck, true)
 	switch {
 	case aborted:
 		a.log.Info("checkpoint aborted", "task", req.Task, "checkpoint", req.Checkpoint)
