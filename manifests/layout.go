@@ -39,7 +39,9 @@ func CheckpointPrefix(job, task string, n uint64) string {
 }
 
 // ManifestKey is where checkpoint n's manifest lives.
-func ManifestKey(job, task string, n uint64) string { return CheckpointPrefix(job, task, n) + "manifest" }
+func ManifestKey(job, task string, n uint64) string {
+	return CheckpointPrefix(job, task, n) + "manifest"
+}
 
 // RetiredKey is the retention marker of checkpoint n.
 func RetiredKey(job, task string, n uint64) string { return CheckpointPrefix(job, task, n) + "retired" }

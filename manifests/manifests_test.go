@@ -1,0 +1,265 @@
+package manifests
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"ckpt/storage"
+	"ckpt/storage/file"
+)
+
+func sha(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+func sample() *Manifest {
+	sst := bytes.Repeat([]byte("s"), 1000)
+	cur := []byte("MANIFEST-000001\n")
+	big := bytes.Repeat([]byte("m"), 70000)
+	return &Manifest{
+		Job: "job", Task: "orders-3", Checkpoint: 7, Parent: 6, Created: time.Date(2026, 11, 29, 0, 0, 0, 0, time.UTC),
+		Engine: "pebble", AgentID: "node-1",
+		Files: []File{
+			{Name: "000005.sst", Kind: Shared, Size: 1000, SHA256: sha(sst), Key: SharedKey("job", sha(sst), 1000)},
+			{Name: "CURRENT", Kind: Private, Size: int64(len(cur)), SHA256: sha(cur), Inline: cur, Uploaded: true},
+			{Name: "MANIFEST-000001", Kind: Private, Size: 70000, SHA256: sha(big), Key: PrivateKey("job", "orders-3", 7, "MANIFEST-000001"), Uploaded: true},
+		},
+		FullSize: 1000 + int64(len(cur)) + 70000, FilesUploaded: 2, FilesReused: 1,
+	}
+}
+
+func TestEncodeDecodeRoundTripCountsItsOwnBytes(t *testing.T) {
+	m := sample()
+	enc, err := m.Encode(70000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.CheckpointSize != 70000+int64(len(enc)) {
+		t.Fatalf("checkpoint size %d, want objects 70000 + manifest %d", m.CheckpointSize, len(enc))
+	}
+	got, err := Decode(enc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CheckpointSize != m.CheckpointSize || len(got.Files) != 3 || string(got.Files[1].Inline) != "MANIFEST-000001\n" {
+		t.Fatalf("round trip lost data: %+v", got)
+	}
+}
+
+// reseal recomputes the envelope checksum after editing the body, so only
+// the body's own checks can catch the edit.
+func reseal(t *testing.T, enc []byte, edit func(body map[string]any)) []byte {
+	var env envelope
+	if err := json.Unmarshal(enc, &env); err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]any
+	json.Unmarshal(env.Body, &body)
+	edit(body)
+	env.Body, _ = json.Marshal(body)
+	env.SHA256 = sha(env.Body)
+	out, _ := json.Marshal(env)
+	return out
+}
+
+func TestDecodeRefusesWhatStorageCannotBeTrustedWith(t *testing.T) {
+	enc, _ := sample().Encode(0)
+	setName := func(name string) func(map[string]any) {
+		return func(b map[string]any) { b["files"].([]any)[0].(map[string]any)["name"] = name }
+	}
+	cases := map[string][]byte{
+		"a flipped byte":          bytes.Replace(enc, []byte(`"pebble"`), []byte(`"pebblE"`), 1),
+		"an unknown format":       bytes.Replace(enc, []byte(`"format":1`), []byte(`"format":9`), 1),
+		"not JSON":                []byte("PK\x03\x04"),
+		"a dot-dot name":          reseal(t, enc, setName("../evil")),
+		"an absolute name":        reseal(t, enc, setName("/etc/passwd")),
+		"a name with a separator": reseal(t, enc, setName("a/b")),
+		"a name with NUL":         reseal(t, enc, setName("a\x00b")),
+		"a dot name":              reseal(t, enc, setName(".")),
+		"a duplicate name":        reseal(t, enc, setName("CURRENT")),
+		"a shared key elsewhere":  reseal(t, enc, func(b map[string]any) { b["files"].([]any)[0].(map[string]any)["key"] = "other/shared/aa/x" }),
+		"a private key elsewhere": reseal(t, enc, func(b map[string]any) {
+			b["files"].([]any)[2].(map[string]any)["key"] = "job/tasks/x/chk/00000000000000000001/private/M"
+		}),
+		"inline bytes of wrong size": reseal(t, enc, func(b map[string]any) { b["files"].([]any)[1].(map[string]any)["size"] = 3 }),
+		"a wrong full size":          reseal(t, enc, func(b map[string]any) { b["full_size"] = 1 }),
+		"a bad task name":            reseal(t, enc, func(b map[string]any) { b["task"] = "../t" }),
+		"an unknown field":           reseal(t, enc, func(b map[string]any) { b["surprise"] = 1 }),
+	}
+	for name, data := range cases {
+		t.Run(name, func(t *testing.T) {
+			if _, err := Decode(data); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}
+
+func newStore(t *testing.T) storage.Store {
+	s, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func put(t *testing.T, s storage.Store, key string, data []byte) {
+	if err := s.Put(context.Background(), key, bytes.NewReader(data), int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// commit stores a checkpoint of task with the given shared contents.
+func commit(t *testing.T, s storage.Store, task string, n uint64, contents ...string) {
+	m := &Manifest{Job: "job", Task: task, Checkpoint: n, Created: time.Now()}
+	for i, c := range contents {
+		b := []byte(c)
+		f := File{Name: string(rune('a'+i)) + ".sst", Kind: Shared, Size: int64(len(b)), SHA256: sha(b), Key: SharedKey("job", sha(b), int64(len(b)))}
+		put(t, s, f.Key, b)
+		m.Files = append(m.Files, f)
+		m.FullSize += f.Size
+	}
+	enc, err := m.Encode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Commit(context.Background(), s, m, enc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestCommitIsConditional(t *testing.T) {
+	s := newStore(t)
+	commit(t, s, "t", 1, "x")
+	m := &Manifest{Job: "job", Task: "t", Checkpoint: 1}
+	enc, _ := m.Encode(0)
+	if err := Commit(context.Background(), s, m, enc); !errors.Is(err, ErrConflict) {
+		t.Fatalf("second commit: %v, want ErrConflict", err)
+	}
+	got, err := Load(context.Background(), s, "job", "t", 1)
+	if err != nil || len(got.Files) != 1 {
+		t.Fatalf("the first manifest was not kept: %v %+v", err, got)
+	}
+}
+
+func TestGCKeepsLiveObjectsAndHonoursTheGrace(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	commit(t, s, "t", 1, "old-only", "shared")
+	commit(t, s, "t", 2, "shared", "new")
+	commit(t, s, "u", 1, "old-only") // another task still needs it
+	orphan := []byte("left by a crash")
+	put(t, s, SharedKey("job", sha(orphan), int64(len(orphan))), orphan)
+	put(t, s, PrivateKey("job", "t", 3, "MANIFEST-000009"), []byte("aborted"))
+
+	// Within the grace nothing is deleted, retention or not.
+	rep, err := GC(ctx, s, "job", GCOptions{Retain: 1, Grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.DeletedObjects != 0 || rep.RetainedCheckpoints != 2 || rep.RetiredCheckpoints != 1 {
+		t.Fatalf("within grace: %+v", rep)
+	}
+	cat, _ := Scan(ctx, s, "job", "t")
+	if r := cat.Retained("t"); len(r) != 1 || r[0].Checkpoint != 2 {
+		t.Fatalf("retention kept %+v, want checkpoint 2", r)
+	}
+	// Past the grace (a clock two hours on): the retired manifest goes, then
+	// the orphans; objects some retained manifest needs stay.
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	dry, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later, DryRun: true})
+	if err != nil || dry.DeletedObjects != 2 {
+		t.Fatalf("dry run: %+v %v", dry, err)
+	}
+	rep, err = GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.DeletedObjects != 2 || rep.DeletedManifests != 1 || rep.LiveObjects != 3 {
+		t.Fatalf("past grace: %+v", rep)
+	}
+	if _, err := s.Stat(ctx, ManifestKey("job", "t", 1)); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatal("retired manifest kept past the grace")
+	}
+	for _, c := range []string{"old-only", "shared", "new"} {
+		if _, err := s.Stat(ctx, SharedKey("job", sha([]byte(c)), int64(len(c)))); err != nil {
+			t.Fatalf("live object %q deleted: %v", c, err)
+		}
+	}
+	var keys []string
+	s.List(ctx, "", func(o storage.ObjectInfo) error { keys = append(keys, o.Key); return nil })
+	for _, k := range keys {
+		if strings.Contains(k, "retired") || strings.Contains(k, "/00000000000000000003/") {
+			t.Fatalf("left behind: %s", k)
+		}
+	}
+}
+
+func TestGCStopsOnACorruptManifest(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	commit(t, s, "t", 1, "x")
+	orphan := []byte("orphan")
+	put(t, s, SharedKey("job", sha(orphan), 6), orphan)
+	put(t, s, ManifestKey("job", "t", 2), []byte("{garbage"))
+	if _, err := GC(ctx, s, "job", GCOptions{Grace: 0}); err == nil || !strings.Contains(err.Error(), "nothing deleted") {
+		t.Fatalf("gc over a corrupt manifest: %v", err)
+	}
+	if _, err := s.Stat(ctx, SharedKey("job", sha(orphan), 6)); err != nil {
+		t.Fatal("gc deleted while a manifest was unreadable")
+	}
+}
+
+// refresher re-uploads a candidate between GC's listing and its delete, as
+// a checkpoint elsewhere would; GC must notice the fresh age and keep it.
+type refresher struct {
+	storage.Store
+	key    string
+	listed bool
+}
+
+func (r *refresher) List(ctx context.Context, prefix string, fn func(storage.ObjectInfo) error) error {
+	err := r.Store.List(ctx, prefix, fn)
+	if strings.HasSuffix(prefix, "/shared/") && !r.listed {
+		r.listed = true
+		r.Store.Put(ctx, r.key, bytes.NewReader([]byte("orphan")), 6)
+	}
+	return err
+}
+
+func TestGCRechecksAgesWhenItsListingIsStale(t *testing.T) {
+	ctx := context.Background()
+	base := newStore(t).(*file.Store)
+	key := SharedKey("job", sha([]byte("orphan")), 6)
+	put(t, base, key, []byte("orphan"))
+	old := time.Now().Add(-2 * time.Hour)
+	os.Chtimes(filepath.Join(base.Root(), key), old, old)
+	s := &refresher{Store: base, key: key}
+	// Deleting starts ten minutes after the listing: more than a tenth of
+	// the grace, so the listing's ages are stale and must be re-read.
+	calls := 0
+	clock := func() time.Time {
+		calls++
+		if calls > 2 {
+			return time.Now().Add(10 * time.Minute)
+		}
+		return time.Now()
+	}
+	rep, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := base.Stat(ctx, key); err != nil {
+		t.Fatalf("GC deleted an object refreshed after its listing: %+v", rep)
+	}
+}
