@@ -1,0 +1,196 @@
+package localrecovery
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+
+	"ckpt/manifests"
+)
+
+func write(t *testing.T, dir string, files map[string]string) {
+	t.Helper()
+	os.MkdirAll(dir, 0o755)
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func ino(t *testing.T, p string) uint64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+func TestLinkHardLinksEveryFile(t *testing.T) {
+	base := t.TempDir()
+	s, err := Open(filepath.Join(base, "local"), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(base, "snap")
+	write(t, snap, map[string]string{"000001.sst": "sst", "CURRENT": "cur"})
+	sn, err := s.Link("t", 1, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sn.Files) != 2 || sn.Copied != 0 {
+		t.Fatalf("snapshot %+v", sn)
+	}
+	if ino(t, sn.Path("000001.sst")) != ino(t, filepath.Join(snap, "000001.sst")) {
+		t.Fatal("the local copy is not a hard link")
+	}
+	// The app may delete its snapshot the moment it reads synced.
+	os.RemoveAll(snap)
+	if b, err := os.ReadFile(sn.Path("000001.sst")); err != nil || string(b) != "sst" {
+		t.Fatalf("local copy lost with the snapshot: %q %v", b, err)
+	}
+}
+
+func TestLinkRefusesNonRegularFilesAndLeavesNothing(t *testing.T) {
+	cases := map[string]func(dir string){
+		"a symlink":   func(dir string) { os.Symlink("/etc/passwd", filepath.Join(dir, "x.sst")) },
+		"a directory": func(dir string) { os.Mkdir(filepath.Join(dir, "sub"), 0o755) },
+		"a fifo":      func(dir string) { syscall.Mkfifo(filepath.Join(dir, "LOCK"), 0o644) },
+	}
+	for name, add := range cases {
+		t.Run(name, func(t *testing.T) {
+			base := t.TempDir()
+			s, _ := Open(filepath.Join(base, "local"), "job")
+			snap := filepath.Join(base, "snap")
+			write(t, snap, map[string]string{"000001.sst": "sst"})
+			add(snap)
+			_, err := s.Link("t", 1, snap)
+			if _, ok := err.(*BadFileError); !ok {
+				t.Fatalf("got %v, want a BadFileError", err)
+			}
+			if _, err := os.Stat(s.chkDir("t", 1)); !os.IsNotExist(err) {
+				t.Fatal("a refused snapshot left a directory in the local store")
+			}
+		})
+	}
+}
+
+func TestLinkCopiesAcrossDevices(t *testing.T) {
+	if _, err := os.Stat("/dev/shm"); err != nil {
+		t.Skip("no tmpfs at /dev/shm to make a second device")
+	}
+	snap, err := os.MkdirTemp("/dev/shm", "ckpt-snap-")
+	if err != nil {
+		t.Skip("cannot write /dev/shm")
+	}
+	defer os.RemoveAll(snap)
+	s, _ := Open(t.TempDir(), "job")
+	write(t, snap, map[string]string{"000001.sst": "sst"})
+	var st1, st2 syscall.Stat_t
+	syscall.Stat(snap, &st1)
+	syscall.Stat(s.Root(), &st2)
+	if st1.Dev == st2.Dev {
+		t.Skip("/dev/shm is on the same device here")
+	}
+	sn, err := s.Link("t", 1, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sn.Copied != 1 {
+		t.Fatalf("copied %d files, want 1", sn.Copied)
+	}
+	if b, _ := os.ReadFile(sn.Path("000001.sst")); string(b) != "sst" {
+		t.Fatalf("copy holds %q", b)
+	}
+}
+
+func manifestFor(t *testing.T, task string, n uint64, dir string, names ...string) (*manifests.Manifest, []byte) {
+	m := &manifests.Manifest{Job: "job", Task: task, Checkpoint: n}
+	for _, name := range names {
+		b, _ := os.ReadFile(filepath.Join(dir, name))
+		f := manifests.File{Name: name, Kind: manifests.Classify(name), Size: int64(len(b)), SHA256: sum(b)}
+		if f.Kind == manifests.Shared {
+			f.Key = manifests.SharedKey("job", f.SHA256, f.Size)
+		} else {
+			f.Inline = b
+		}
+		m.Files = append(m.Files, f)
+		m.FullSize += f.Size
+	}
+	enc, err := m.Encode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, enc
+}
+
+func TestCompleteKeepsOnlyTheNewestAndInFlight(t *testing.T) {
+	base := t.TempDir()
+	s, _ := Open(filepath.Join(base, "local"), "job")
+	snap := filepath.Join(base, "snap")
+	write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
+	for n := uint64(1); n <= 3; n++ {
+		if _, err := s.Link("t", n, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, enc := manifestFor(t, "t", 2, snap, "000001.sst", "CURRENT")
+	if err := s.Complete("t", 2, enc); err != nil {
+		t.Fatal(err)
+	}
+	nums, _ := s.checkpoints("t")
+	if len(nums) != 2 || nums[0] != 2 || nums[1] != 3 {
+		t.Fatalf("kept %v, want [2 3] (3 is in flight)", nums)
+	}
+	l, _ := s.Latest("t")
+	if l == nil || l.Checkpoint != 2 {
+		t.Fatalf("latest = %+v", l)
+	}
+	// After a restart, the attempt that was in flight is debris.
+	if _, err := s.Recover("t"); err != nil {
+		t.Fatal(err)
+	}
+	nums, _ = s.checkpoints("t")
+	if len(nums) != 1 || nums[0] != 2 {
+		t.Fatalf("after recover kept %v, want [2]", nums)
+	}
+	idx := HashIndex(l)
+	f, _ := stat(l.Path("000001.sst"))
+	if idx[f.ID()] != sum([]byte("one")) {
+		t.Fatal("hash index does not know the kept SST by its inode")
+	}
+	// A corrupt local manifest is ignored, not trusted.
+	os.WriteFile(s.manifestPath("t", 2), []byte("{junk"), 0o644)
+	if l, _ := s.Latest("t"); l != nil {
+		t.Fatal("a corrupt local manifest was trusted")
+	}
+}
+
+func TestAdoptLinksSharedAndCopiesPrivateFiles(t *testing.T) {
+	base := t.TempDir()
+	s, _ := Open(filepath.Join(base, "local"), "job")
+	restored := filepath.Join(base, "db")
+	write(t, restored, map[string]string{"000001.sst": "one", "MANIFEST-000001": "m"})
+	m, enc := manifestFor(t, "t", 4, restored, "000001.sst", "MANIFEST-000001")
+	if n, err := s.Adopt("t", m, enc, restored); err != nil || n != 2 {
+		t.Fatalf("adopt: %d %v", n, err)
+	}
+	l := s.Get("t", 4)
+	if l == nil {
+		t.Fatal("adopted checkpoint not complete")
+	}
+	if ino(t, l.Path("000001.sst")) != ino(t, filepath.Join(restored, "000001.sst")) {
+		t.Fatal("shared file not hard-linked")
+	}
+	if ino(t, l.Path("MANIFEST-000001")) == ino(t, filepath.Join(restored, "MANIFEST-000001")) {
+		t.Fatal("private file hard-linked: the engine's appends would corrupt the local copy")
+	}
+}
+
+func sum(b []byte) string {
+	h := sha256.Sum256(b)
+	return hex.EncodeToString(h[:])
+}
