@@ -1,0 +1,247 @@
+package restore_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"ckpt/localrecovery"
+	"ckpt/manifests"
+	"ckpt/restore"
+	"ckpt/storage/file"
+	"ckpt/uploader"
+)
+
+type env struct {
+	t      *testing.T
+	base   string
+	store  *file.Store
+	local  *localrecovery.Store
+	snap   string
+	target string
+}
+
+// setup checkpoints a snapshot of four files as checkpoint 3 of task t,
+// with a local copy, the way the agent does.
+func setup(t *testing.T) *env {
+	base := t.TempDir()
+	e := &env{t: t, base: base, snap: filepath.Join(base, "snap"), target: filepath.Join(base, "restored", "db")}
+	e.store, _ = file.New(filepath.Join(base, "store"))
+	var err error
+	if e.local, err = localrecovery.Open(filepath.Join(base, "local"), "job"); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(e.snap, 0o755)
+	for name, size := range map[string]int{"000001.sst": 200_000, "000002.sst": 50_000, "MANIFEST-000001": 80_000, "CURRENT": 16} {
+		b := bytes.Repeat([]byte(name), size/len(name)+1)[:size]
+		os.WriteFile(filepath.Join(e.snap, name), b, 0o644)
+	}
+	ctx := context.Background()
+	sn, err := e.local.Link("t", 3, e.snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := uploader.Upload(ctx, uploader.Request{Store: e.store, Job: "job", Task: "t", Checkpoint: 3, Snapshot: sn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &manifests.Manifest{Job: "job", Task: "t", Checkpoint: 3, Created: time.Now(), Files: res.Files}
+	for _, f := range res.Files {
+		m.FullSize += f.Size
+	}
+	enc, _ := m.Encode(res.BytesWritten)
+	if err := manifests.Commit(ctx, e.store, m, enc); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.local.Complete("t", 3, enc); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func (e *env) run(o restore.Options) (*restore.Result, error) {
+	o.Store, o.Job, o.Task = e.store, "job", "t"
+	if o.Target == "" {
+		o.Target = e.target
+	}
+	return restore.Run(context.Background(), o)
+}
+
+func (e *env) sameAsSnapshot() {
+	e.t.Helper()
+	entries, _ := os.ReadDir(e.snap)
+	got, _ := os.ReadDir(e.target)
+	if len(got) != len(entries) {
+		e.t.Fatalf("restored %d files, snapshot has %d", len(got), len(entries))
+	}
+	for _, de := range entries {
+		want, _ := os.ReadFile(filepath.Join(e.snap, de.Name()))
+		have, err := os.ReadFile(filepath.Join(e.target, de.Name()))
+		if err != nil || !bytes.Equal(want, have) {
+			e.t.Fatalf("%s differs after restore (%v)", de.Name(), err)
+		}
+	}
+}
+
+// noDebris checks that nothing but the listed names is beside the target.
+func (e *env) noDebris(allowed ...string) {
+	e.t.Helper()
+	entries, _ := os.ReadDir(filepath.Dir(e.target))
+	for _, de := range entries {
+		ok := false
+		for _, a := range allowed {
+			ok = ok || de.Name() == a
+		}
+		if !ok {
+			e.t.Fatalf("left beside the target: %s", de.Name())
+		}
+	}
+}
+
+func TestRestoreFromStorageIsByteExact(t *testing.T) {
+	e := setup(t)
+	res, err := e.run(restore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sameAsSnapshot()
+	if !res.Restored || res.Checkpoint != 3 || res.BytesLocal != 0 || res.BytesRemote != res.Bytes || res.Files != 4 {
+		t.Fatalf("result %+v", res)
+	}
+	e.noDebris("db")
+}
+
+func TestStartupGuards(t *testing.T) {
+	e := setup(t)
+	os.MkdirAll(e.target, 0o755)
+	os.WriteFile(filepath.Join(e.target, "CURRENT"), []byte("mine"), 0o644)
+	if _, err := e.run(restore.Options{}); !errors.Is(err, restore.ErrTargetNotEmpty) {
+		t.Fatalf("non-empty target: %v", err)
+	}
+	res, err := e.run(restore.Options{IfNotExists: true})
+	if err != nil || res.Restored || res.Reason == "" {
+		t.Fatalf("--if-not-exists: %+v %v", res, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(e.target, "CURRENT")); string(b) != "mine" {
+		t.Fatal("--if-not-exists touched the existing store")
+	}
+	other := filepath.Join(e.base, "other")
+	res, err = restore.Run(context.Background(), restore.Options{Store: e.store, Job: "job", Task: "nobody", Target: other, IfCheckpointExists: true})
+	if err != nil || res.Restored {
+		t.Fatalf("--if-checkpoint-exists: %+v %v", res, err)
+	}
+	if _, err := restore.Run(context.Background(), restore.Options{Store: e.store, Job: "job", Task: "nobody", Target: other}); !errors.Is(err, restore.ErrNoCheckpoint) {
+		t.Fatalf("no checkpoint: %v", err)
+	}
+	if _, err := os.Stat(other); !os.IsNotExist(err) {
+		t.Fatal("a skipped restore created its target")
+	}
+	b, _ := json.Marshal(res)
+	if !strings.Contains(string(b), `"restored":false`) || !strings.Contains(string(b), `"reason"`) {
+		t.Fatalf("skip JSON: %s", b)
+	}
+}
+
+func TestACorruptObjectFailsLoudlyAndLeavesNoHalfStore(t *testing.T) {
+	e := setup(t)
+	m, _ := manifests.Load(context.Background(), e.store, "job", "t", 3)
+	var victim manifests.File
+	for _, f := range m.Files {
+		if f.Name == "000002.sst" {
+			victim = f
+		}
+	}
+	p := filepath.Join(e.store.Root(), victim.Key)
+	b, _ := os.ReadFile(p)
+	b[100] ^= 0xff
+	os.WriteFile(p, b, 0o644)
+	_, err := e.run(restore.Options{})
+	if err == nil || !strings.Contains(err.Error(), "000002.sst") || !strings.Contains(err.Error(), "sha256") {
+		t.Fatalf("corrupt object: %v", err)
+	}
+	if _, err := os.Stat(e.target); !os.IsNotExist(err) {
+		t.Fatal("a failed restore left a target")
+	}
+	e.noDebris()
+}
+
+func ino(p string) uint64 {
+	fi, err := os.Stat(p)
+	if err != nil {
+		return 0
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+func TestLocalRestoreHardLinksAndFallsBackPerFile(t *testing.T) {
+	e := setup(t)
+	l := e.local.Get("t", 3)
+	// Break the local copy: one SST corrupt (a fresh file, so the snapshot
+	// keeps its bytes), one private file missing.
+	os.Remove(l.Path("000002.sst"))
+	os.WriteFile(l.Path("000002.sst"), bytes.Repeat([]byte("x"), 50_000), 0o644)
+	os.Remove(l.Path("MANIFEST-000001"))
+	res, err := e.run(restore.Options{LocalDir: filepath.Join(e.base, "local")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.sameAsSnapshot()
+	if res.LocalFallbacks != 2 || res.BytesLocal != 200_000+16 || res.BytesRemote != 50_000+80_000 {
+		t.Fatalf("sources: %+v", res)
+	}
+	if ino(filepath.Join(e.target, "000001.sst")) != ino(filepath.Join(e.snap, "000001.sst")) {
+		t.Fatal("an intact local SST was copied, not hard-linked")
+	}
+	// Restore inherits: the local dir now records checkpoint 3 as the
+	// restored files, inode for inode.
+	l = e.local.Get("t", 3)
+	if l == nil || ino(l.Path("000002.sst")) != ino(filepath.Join(e.target, "000002.sst")) {
+		t.Fatal("the restore was not recorded in the local dir")
+	}
+}
+
+func TestAMaliciousManifestIsRefusedBeforeAnythingIsWritten(t *testing.T) {
+	for _, name := range []string{"../evil", "/abs/evil", "a/b", "x\x00y", ".."} {
+		t.Run(fmt.Sprintf("%q", name), func(t *testing.T) {
+			e := setup(t)
+			key := manifests.ManifestKey("job", "t", 3)
+			p := filepath.Join(e.store.Root(), key)
+			raw, _ := os.ReadFile(p)
+			var env struct {
+				Format int             `json:"format"`
+				SHA256 string          `json:"sha256"`
+				Body   json.RawMessage `json:"body"`
+			}
+			json.Unmarshal(raw, &env)
+			var body map[string]any
+			json.Unmarshal(env.Body, &body)
+			f := body["files"].([]any)[0].(map[string]any)
+			f["name"] = name
+			env.Body, _ = json.Marshal(body)
+			s := sha256.Sum256(env.Body)
+			env.SHA256 = hex.EncodeToString(s[:]) // a valid checksum: only the name check can refuse it
+			out, _ := json.Marshal(env)
+			os.WriteFile(p, out, 0o644)
+			_, err := e.run(restore.Options{})
+			if err == nil || !strings.Contains(err.Error(), "unsafe file name") {
+				t.Fatalf("malicious manifest: %v", err)
+			}
+			if _, err := os.Stat(filepath.Join(e.base, "restored", "evil")); !os.IsNotExist(err) {
+				t.Fatal("a file escaped the target")
+			}
+			if _, err := os.Stat(filepath.Dir(e.target)); !os.IsNotExist(err) {
+				t.Fatal("the refused restore created directories")
+			}
+		})
+	}
+}
