@@ -25,19 +25,19 @@ func (e *Error) Error() string { return fmt.Sprintf("agent: %s: %s", e.Code, e.M
 // Event is any event the agent sends; fields absent from an event are zero.
 // Raw keeps the line as sent.
 type Event struct {
-	Event          string `json:"event"`
-	ID             string `json:"id"`
-	Protocol       int    `json:"protocol"`
-	Version        string `json:"version"`
-	Task           string `json:"task"`
-	Checkpoint     uint64 `json:"checkpoint"`
-	SyncMS         int64  `json:"sync_ms"`
-	CheckpointSize int64  `json:"checkpoint_size"`
-	FullSize       int64  `json:"full_size"`
-	FilesUploaded  int    `json:"files_uploaded"`
-	FilesReused    int    `json:"files_reused"`
-	DurationMS     int64  `json:"duration_ms"`
-	Error          *Error `json:"error"`
+	Event          string          `json:"event"`
+	ID             string          `json:"id"`
+	Protocol       int             `json:"protocol"`
+	Version        string          `json:"version"`
+	Task           string          `json:"task"`
+	Checkpoint     uint64          `json:"checkpoint"`
+	SyncMS         int64           `json:"sync_ms"`
+	CheckpointSize int64           `json:"checkpoint_size"`
+	FullSize       int64           `json:"full_size"`
+	FilesUploaded  int             `json:"files_uploaded"`
+	FilesReused    int             `json:"files_reused"`
+	DurationMS     int64           `json:"duration_ms"`
+	Error          *Error          `json:"error"`
 	Raw            json.RawMessage `json:"-"`
 }
 
