@@ -17,7 +17,9 @@
 //   - Objects up to PartSize (16 MiB) are sent with one PutObject whose body
 //     streams from the caller's seekable body; larger ones use a multipart
 //     upload of PartSize parts with Concurrency (3) parts in flight, so an
-//     upload buffers at most (Concurrency+1)*PartSize bytes. Every request
+//     upload buffers at most (Concurrency+2)*PartSize bytes (96 MiB by
+//     default; the transfer manager reads the first part separately from
+//     its pool of Concurrency+1 part buffers). Every request
 //     carries a CRC32 checksum the server verifies; downloads of objects
 //     that have a full-object checksum are verified by the SDK.
 //   - Create is a PutObject (or CompleteMultipartUpload) with
