@@ -40,8 +40,8 @@ func (r *Report) print(out io.Writer, root string, kept bool, lostWrites int) er
 checkpoint size is what a checkpoint uploaded, only the files no retained
 checkpoint had (Flink's lastCheckpointSize); full size is every byte it
 references, what a restore must fetch (lastCheckpointFullSize). Do not read
-the first as the state size. Compaction rewrites old data into new files, so
-checkpoint size has a sawtooth: expected, and shown rather than hidden.
+checkpoint size as the state size. Compaction rewrites old data into new
+files, so checkpoint size has a sawtooth: expected, and shown, not hidden.
 `)
 	fmt.Fprintf(&b, "\ncrash: the store was closed and its directory deleted; the %d writes made after checkpoint %d are lost by design\n\n",
 		lostWrites, r.Checkpoints[len(r.Checkpoints)-1].Checkpoint)
