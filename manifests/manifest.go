@@ -136,6 +136,14 @@ func Decode(data []byte) (*Manifest, error) {
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("manifest body: %w", err)
 	}
+	// JSON drops empty inline bytes (omitempty): an empty private file
+	// without a key is inline and empty (Pebble's marker files).
+	for i := range m.Files {
+		f := &m.Files[i]
+		if f.Kind == Private && f.Key == "" && f.Inline == nil && f.Size == 0 {
+			f.Inline = []byte{}
+		}
+	}
 	if err := m.Validate(); err != nil {
 		return nil, err
 	}

@@ -31,6 +31,7 @@ func sample() *Manifest {
 		Engine: "pebble", AgentID: "node-1",
 		Files: []File{
 			{Name: "000005.sst", Kind: Shared, Size: 1000, SHA256: sha(sst), Key: SharedKey("job", sha(sst), 1000)},
+			{Name: "marker.format-version.000001.013", Kind: Private, Size: 0, SHA256: sha(nil), Inline: []byte{}, Uploaded: true},
 			{Name: "CURRENT", Kind: Private, Size: int64(len(cur)), SHA256: sha(cur), Inline: cur, Uploaded: true},
 			{Name: "MANIFEST-000001", Kind: Private, Size: 70000, SHA256: sha(big), Key: PrivateKey("job", "orders-3", 7, "MANIFEST-000001"), Uploaded: true},
 		},
@@ -51,7 +52,7 @@ func TestEncodeDecodeRoundTripCountsItsOwnBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.CheckpointSize != m.CheckpointSize || len(got.Files) != 3 || string(got.Files[1].Inline) != "MANIFEST-000001\n" {
+	if got.CheckpointSize != m.CheckpointSize || len(got.Files) != 4 || string(got.Files[2].Inline) != "MANIFEST-000001\n" || got.Files[1].Inline == nil {
 		t.Fatalf("round trip lost data: %+v", got)
 	}
 }
@@ -89,9 +90,9 @@ func TestDecodeRefusesWhatStorageCannotBeTrustedWith(t *testing.T) {
 		"a duplicate name":        reseal(t, enc, setName("CURRENT")),
 		"a shared key elsewhere":  reseal(t, enc, func(b map[string]any) { b["files"].([]any)[0].(map[string]any)["key"] = "other/shared/aa/x" }),
 		"a private key elsewhere": reseal(t, enc, func(b map[string]any) {
-			b["files"].([]any)[2].(map[string]any)["key"] = "job/tasks/x/chk/00000000000000000001/private/M"
+			b["files"].([]any)[3].(map[string]any)["key"] = "job/tasks/x/chk/00000000000000000001/private/M"
 		}),
-		"inline bytes of wrong size": reseal(t, enc, func(b map[string]any) { b["files"].([]any)[1].(map[string]any)["size"] = 3 }),
+		"inline bytes of wrong size": reseal(t, enc, func(b map[string]any) { b["files"].([]any)[2].(map[string]any)["size"] = 3 }),
 		"a wrong full size":          reseal(t, enc, func(b map[string]any) { b["full_size"] = 1 }),
 		"a bad task name":            reseal(t, enc, func(b map[string]any) { b["task"] = "../t" }),
 		"an unknown field":           reseal(t, enc, func(b map[string]any) { b["surprise"] = 1 }),
