@@ -39,6 +39,7 @@ func commands() []command {
 		{"list", "list the complete checkpoints of a job", runList},
 		{"verify", "re-read every object of checkpoints and check sizes and checksums", runVerify},
 		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
+		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
 		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 	}
 }
