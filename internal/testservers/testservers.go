@@ -229,9 +229,12 @@ func skipShort(t testing.TB, what string) {
 	}
 }
 
-// httpAnswers reports whether an HTTP server answers GET url with any status.
-func httpAnswers(rawURL string) bool {
-	c := &http.Client{Timeout: time.Second}
+// httpAnswers reports whether an HTTP server answers GET url with any
+// status. A nil client means a plain one.
+func httpAnswers(c *http.Client, rawURL string) bool {
+	if c == nil {
+		c = &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	}
 	resp, err := c.Get(rawURL)
 	if err != nil {
 		return false
@@ -250,32 +253,64 @@ type S3Server struct {
 	AccessKey string
 	SecretKey string
 	Region    string
+	// CAFile is the PEM file of the CA that signed the server's
+	// certificate (WithTLS only).
+	CAFile string
 }
+
+// S3Option configures S3.
+type S3Option func(*s3Config)
+
+type s3Config struct{ tls bool }
+
+// WithTLS serves HTTPS with a certificate for 127.0.0.1 signed by a fresh
+// test CA (S3Server.CAFile; Env sets AWS_CA_BUNDLE to it).
+func WithTLS() S3Option { return func(c *s3Config) { c.tls = true } }
 
 // S3 starts a versitygw server with a fresh data directory; see the package
 // comment for installation, -short and failures.
-func S3(t testing.TB) *S3Server {
+func S3(t testing.TB, opts ...S3Option) *S3Server {
 	t.Helper()
 	skipShort(t, "the S3 server (versitygw)")
+	var cfg s3Config
+	for _, o := range opts {
+		o(&cfg)
+	}
 	bin := binary(t, "versitygw", VersitygwModule, VersitygwVersion)
 	s := &S3Server{DataDir: t.TempDir(), AccessKey: "testkey", SecretKey: "testsecret", Region: "us-east-1"}
+	scheme := "http"
+	var tlsArgs []string
+	var client *http.Client
+	if cfg.tls {
+		scheme = "https"
+		var certFile, keyFile string
+		s.CAFile, certFile, keyFile, client = testCerts(t)
+		tlsArgs = []string{"--cert", certFile, "--key", keyFile}
+	}
 	port := start(t, "versitygw", bin, func(port int) []string {
-		return []string{"--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", s.AccessKey, "--secret", s.SecretKey,
-			"--region", s.Region, "--quiet", "posix", s.DataDir}
-	}, func(port int) bool { return httpAnswers(fmt.Sprintf("http://127.0.0.1:%d/", port)) })
-	s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d", port)
+		args := []string{"--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", s.AccessKey, "--secret", s.SecretKey,
+			"--region", s.Region, "--quiet"}
+		args = append(args, tlsArgs...)
+		return append(args, "posix", s.DataDir)
+	}, func(port int) bool { return httpAnswers(client, fmt.Sprintf("%s://127.0.0.1:%d/", scheme, port)) })
+	s.Endpoint = fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
 	return s
 }
 
 // Env returns the environment a ckpt process needs to reach the server
-// with the AWS SDK's default chain: credentials, endpoint and region.
+// with the AWS SDK's default chain: credentials, endpoint and region, and
+// the CA bundle with WithTLS.
 func (s *S3Server) Env() []string {
-	return []string{
+	env := []string{
 		"AWS_ACCESS_KEY_ID=" + s.AccessKey,
 		"AWS_SECRET_ACCESS_KEY=" + s.SecretKey,
 		"AWS_ENDPOINT_URL=" + s.Endpoint,
 		"AWS_REGION=" + s.Region,
 	}
+	if s.CAFile != "" {
+		env = append(env, "AWS_CA_BUNDLE="+s.CAFile)
+	}
+	return env
 }
 
 // URL returns the storage URL of prefix in bucket on this server (path
@@ -316,7 +351,7 @@ func GCS(t testing.TB) *GCSServer {
 			"-public-host", fmt.Sprintf("127.0.0.1:%d", port),
 			"-backend", "filesystem", "-filesystem-root", s.DataDir, "-log-level", "warn"}
 	}, func(port int) bool {
-		c := &http.Client{Timeout: time.Second}
+		c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/storage/v1/b", port))
 		if err != nil {
 			return false

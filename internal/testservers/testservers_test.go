@@ -62,3 +62,17 @@ func TestGCSServerStartsAndCreatesBuckets(t *testing.T) {
 		t.Errorf("URL = %s", u)
 	}
 }
+
+func TestS3ServerWithTLS(t *testing.T) {
+	srv := testservers.S3(t, testservers.WithTLS())
+	if !strings.HasPrefix(srv.Endpoint, "https://127.0.0.1:") {
+		t.Fatalf("endpoint %s is not HTTPS on loopback", srv.Endpoint)
+	}
+	if !strings.Contains(strings.Join(srv.Env(), " "), "AWS_CA_BUNDLE="+srv.CAFile) {
+		t.Fatalf("Env() = %v lacks the CA bundle", srv.Env())
+	}
+	srv.CreateBucket(t, "tls-bucket") // through a client that trusts the test CA
+	if _, err := http.Get(srv.Endpoint); err == nil {
+		t.Fatal("a client without the test CA trusted the server")
+	}
+}

@@ -305,7 +305,7 @@ func (s *Store) Delete(ctx context.Context, keys ...string) error {
 			break
 		}
 		g.Go(func() error {
-			if err := obj.Delete(gctx); err != nil && !errors.Is(err, gcs.ErrObjectNotExist) && !isStatus(err, http.StatusNotFound) {
+			if err := obj.Delete(gctx); err != nil && !errors.Is(err, gcs.ErrObjectNotExist) {
 				return s.wrap("delete", keys[i], err)
 			}
 			return nil

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"sync"
@@ -374,11 +377,20 @@ func TestCancelledGetAndPutReturnPromptly(t *testing.T) {
 }
 
 // BenchmarkPutGet measures upload and download throughput of 64 MiB objects
-// against versitygw on loopback (MB/s in the output).
+// against versitygw on loopback (MB/s in the output), over HTTP and HTTPS.
 func BenchmarkPutGet(b *testing.B) {
-	srv := testservers.S3(b)
+	b.Run("http", func(b *testing.B) { benchPutGet(b, testservers.S3(b)) })
+	b.Run("https", func(b *testing.B) {
+		srv := testservers.S3(b, testservers.WithTLS())
+		b.Setenv("AWS_CA_BUNDLE", srv.CAFile)
+		benchPutGet(b, srv)
+	})
+}
+
+func benchPutGet(b *testing.B, srv *testservers.S3Server) {
 	srv.CreateBucket(b, "bench")
 	s := open(b, options(srv, "bench", "b"))
+	defer s.Close()
 	ctx := context.Background()
 	data := randomBytes(b, 64<<20)
 	b.Run("put", func(b *testing.B) {
@@ -406,4 +418,75 @@ func BenchmarkPutGet(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestConformanceOverHTTPS runs the suite against versitygw serving TLS with
+// a test CA given through AWS_CA_BUNDLE, as a production endpoint would be
+// reached (HTTPS changes how the SDK sends checksums: as trailers).
+func TestConformanceOverHTTPS(t *testing.T) {
+	srv := testservers.S3(t, testservers.WithTLS())
+	srv.CreateBucket(t, "ckpt")
+	t.Setenv("AWS_CA_BUNDLE", srv.CAFile)
+	var n atomic.Int64
+	storagetest.Run(t, func(t *testing.T) storage.Store {
+		return open(t, options(srv, "ckpt", fmt.Sprintf("tls/%d", n.Add(1))))
+	}, storagetest.Options{})
+}
+
+// TestSlowDownIsRetriedWithBackoff puts a proxy in front of versitygw that
+// answers the first PutObject attempts with 503 SlowDown, as S3 does under
+// load: the SDK's retryer must back off and succeed.
+func TestSlowDownIsRetriedWithBackoff(t *testing.T) {
+	srv := testservers.S3(t)
+	srv.CreateBucket(t, "ckpt")
+	target, _ := url.Parse(srv.Endpoint)
+	rp := httputil.NewSingleHostReverseProxy(target)
+	var slowDowns atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/slow") && slowDowns.Load() < 2 {
+			slowDowns.Add(1)
+			io.Copy(io.Discard, r.Body)
+			w.Header().Set("Content-Type", "application/xml")
+			w.WriteHeader(http.StatusServiceUnavailable)
+			io.WriteString(w, `<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code><Message>Please reduce your request rate.</Message></Error>`)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	defer proxy.Close()
+	o := options(srv, "ckpt", "p")
+	o.Endpoint = proxy.URL
+	s := open(t, o)
+	defer s.Close()
+	start := time.Now()
+	if err := s.Put(context.Background(), "slow", strings.NewReader("payload"), 7); err != nil {
+		t.Fatalf("put through two SlowDown answers: %v", err)
+	}
+	if slowDowns.Load() != 2 {
+		t.Fatalf("the proxy answered SlowDown %d times, want 2", slowDowns.Load())
+	}
+	t.Logf("succeeded after 2 SlowDown answers in %v", time.Since(start))
+	rc, err := s.Get(context.Background(), "slow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(rc)
+	rc.Close()
+	if string(got) != "payload" {
+		t.Fatalf("read back %q", got)
+	}
+	// Create is sent once: the SlowDown reaches the caller (for the retry
+	// decorator), classified as transient and throttled.
+	slowDowns.Store(0)
+	err = s.Create(context.Background(), "slow2", strings.NewReader("x"), 1)
+	if err == nil || !retry.Transient(err) || !retry.Throttled(err) {
+		t.Fatalf("create through SlowDown: %v; want a transient, throttled error", err)
+	}
+	if slowDowns.Load() != 1 {
+		t.Fatalf("create was attempted %d times, want 1 (no SDK retries for conditional writes)", slowDowns.Load())
+	}
+	err = retry.New(s, retry.Options{BaseDelay: time.Millisecond}).Create(context.Background(), "slow2", strings.NewReader("x"), 1)
+	if err != nil {
+		t.Fatalf("create through the retry decorator after SlowDown: %v", err)
+	}
 }
