@@ -96,7 +96,9 @@ func (e *Error) ErrorCode() string {
 
 // Options sets the probability (0 to 1) of each fault per call. The
 // probabilities of the error kinds are exclusive per call and should sum to
-// at most 1; latency is drawn independently.
+// at most 1; a kind drawn for a call it does not apply to (AfterWrite for
+// Get or Stat, MidBody for Stat or Delete) means no fault for that call.
+// Latency is drawn independently.
 type Options struct {
 	Seed uint64
 	// Transient is the probability that a call fails before reaching the
