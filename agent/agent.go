@@ -21,7 +21,9 @@ import (
 
 	"ckpt/localrecovery"
 	"ckpt/manifests"
+	"ckpt/restore"
 	"ckpt/storage"
+	"ckpt/telemetry"
 )
 
 // Config configures an agent. Zero values take the documented defaults.
@@ -58,6 +60,12 @@ type Config struct {
 	// Version is reported by hello.
 	Version string
 	Logger  *slog.Logger
+	// Telemetry receives metrics and history; nil records nothing.
+	Telemetry *telemetry.Telemetry
+	// DrillInterval, when positive, runs Drill for every task with a
+	// complete checkpoint that often, and publishes the result.
+	DrillInterval time.Duration
+	Drill         func(ctx context.Context, task string) (*restore.DrillResult, error)
 	// Restore serves the restore op; nil makes the op answer unavailable.
 	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (any, error)
 }
@@ -139,6 +147,8 @@ type Agent struct {
 	lastSweep time.Time
 
 	ready chan struct{}
+	// listening is set while the socket accepts connections (for /readyz).
+	listening bool
 }
 
 // New checks cfg and prepares an agent; Run serves it.
@@ -198,7 +208,14 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}()
 	a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID)
+	a.mu.Lock()
+	a.listening = true
+	a.mu.Unlock()
 	close(a.ready)
+	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
+		a.jobs.Add(1)
+		go a.drills(ctx)
+	}
 
 	<-ctx.Done()
 	a.log.Info("agent stopping", "grace", a.cfg.ShutdownGrace.String())
@@ -221,6 +238,56 @@ func (a *Agent) Run(ctx context.Context) error {
 	cancelConns()
 	conns.Wait()
 	a.log.Info("agent stopped")
+	return nil
+}
+
+// drills runs restore drills on schedule until ctx is done.
+func (a *Agent) drills(ctx context.Context) {
+	defer a.jobs.Done()
+	tick := time.NewTicker(a.cfg.DrillInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		for _, st := range a.status("") {
+			if st.LastCompleted == 0 || ctx.Err() != nil {
+				continue
+			}
+			res, err := a.cfg.Drill(ctx, st.Task)
+			rec := telemetry.DrillRecord{Task: st.Task, At: time.Now()}
+			if err != nil {
+				rec.Error = err.Error()
+				a.log.Error("restore drill failed", "task", st.Task, "err", err)
+			} else {
+				rec.Checkpoint, rec.Bytes, rec.Files = res.Checkpoint, res.Bytes, res.Files
+				rec.Duration = time.Duration(res.DurationMS) * time.Millisecond
+				rec.Throughput, rec.Verified = res.ThroughputBytesPerS, res.Verified
+				a.log.Info("restore drill", "task", st.Task, "checkpoint", res.Checkpoint, "bytes", res.Bytes,
+					"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
+			}
+			a.cfg.Telemetry.DrillEnded(ctx, rec)
+		}
+	}
+}
+
+// ReadyCheck reports nil when the agent can take checkpoints: its socket is
+// open, it is not shutting down, and storage answers.
+func (a *Agent) ReadyCheck(ctx context.Context) error {
+	a.mu.Lock()
+	listening, draining := a.listening, a.draining
+	a.mu.Unlock()
+	switch {
+	case draining:
+		return errors.New("shutting down")
+	case !listening:
+		return errors.New("socket not open yet")
+	}
+	if _, err := a.cfg.Store.Stat(ctx, manifests.TasksPrefix(a.cfg.Job)+".ready-probe"); err != nil && !errors.Is(err, storage.ErrNotFound) {
+		return fmt.Errorf("storage %s unreachable: %w", a.cfg.Store, err)
+	}
 	return nil
 }
 

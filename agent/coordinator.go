@@ -13,7 +13,12 @@ import (
 	"ckpt/localrecovery"
 	"ckpt/manifests"
 	"ckpt/storage"
+	"ckpt/telemetry"
 	"ckpt/uploader"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // task is the agent's session for one task. All fields are guarded by
@@ -43,7 +48,11 @@ type checkpoint struct {
 	req    Request
 	c      *conn
 	start  time.Time
+	synced time.Time
+	span   trace.Span
 	snap   *localrecovery.Snapshot
+	// result holds the sizes of a completed checkpoint for telemetry.
+	result telemetry.CheckpointRecord
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -97,21 +106,27 @@ func (a *Agent) checkpoint(c *conn, req Request) {
 		c.send(failed(req, errorf(CodeUnavailable, "task %s already has %d checkpoints queued behind the running one (limit --max-queued); retry later", req.Task, len(t.pending))))
 		return
 	}
-	ctx, cancel := context.WithCancel(a.jobsCtx)
-	ck := &checkpoint{t: t, req: req, c: c, start: start, ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	ctx, cancel := context.WithCancel(telemetry.ContextWithTraceparent(a.jobsCtx, req.Traceparent))
+	ctx, span := telemetry.Tracer().Start(ctx, "checkpoint", trace.WithTimestamp(start), trace.WithAttributes(
+		attribute.String("ckpt.job", a.cfg.Job), attribute.String("ckpt.task", req.Task), attribute.Int64("ckpt.checkpoint", int64(req.Checkpoint))))
+	ck := &checkpoint{t: t, req: req, c: c, start: start, ctx: ctx, cancel: cancel, span: span, done: make(chan struct{})}
 	t.inflight[req.Checkpoint] = ck
 	a.jobs.Add(1)
 	a.mu.Unlock()
+	a.cfg.Telemetry.CheckpointStarted(ctx, req.Task)
 
+	_, syncSpan := telemetry.Tracer().Start(ctx, "sync")
 	snap, err := a.local.Link(req.Task, req.Checkpoint, dir)
+	syncSpan.End()
 	if err != nil {
 		var bad *localrecovery.BadFileError
 		e := errorf(CodeInternal, "sync phase: %v", err)
 		if errors.As(err, &bad) {
 			e = errorf(CodeBadRequest, "%v", err)
 		}
-		a.finish(ck, false)
 		c.send(failed(req, e))
+		a.ended(ck, "failed", e)
+		a.finish(ck, false)
 		return
 	}
 	if snap.Copied > 0 {
@@ -119,7 +134,8 @@ func (a *Agent) checkpoint(c *conn, req Request) {
 			"task", req.Task, "checkpoint", req.Checkpoint, "files_copied", snap.Copied)
 	}
 	ck.snap = snap
-	syncMS := time.Since(start).Milliseconds()
+	ck.synced = time.Now()
+	syncMS := ck.synced.Sub(start).Milliseconds()
 	c.send(Event{Event: "synced", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, SyncMS: &syncMS})
 
 	a.mu.Lock()
@@ -165,6 +181,7 @@ func (a *Agent) run(ck *checkpoint) {
 	if err == nil {
 		ck.completed = true
 		ck.c.send(ev) // before finish: a stopping agent waits for finish, then hangs up
+		a.ended(ck, "completed", nil)
 		a.maybeSweep()
 		a.finish(ck, true)
 		return
@@ -180,11 +197,12 @@ func (a *Agent) run(ck *checkpoint) {
 	defer a.finish(ck, true)
 	switch {
 	case aborted:
-		a.log.Info("checkpoint aborted", "task", req.Task, "checkpoint", req.Checkpoint)
 		ck.c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+		a.ended(ck, "aborted", err)
 	case ck.ctx.Err() != nil:
-		a.log.Warn("checkpoint aborted by shutdown", "task", req.Task, "checkpoint", req.Checkpoint)
-		ck.c.send(failed(req, errorf(CodeUnavailable, "the agent shut down before checkpoint %d completed", req.Checkpoint)))
+		e := errorf(CodeUnavailable, "the agent shut down before checkpoint %d completed", req.Checkpoint)
+		ck.c.send(failed(req, e))
+		a.ended(ck, "aborted", e)
 	default:
 		code := CodeInternal
 		var pe *Error
@@ -193,9 +211,40 @@ func (a *Agent) run(ck *checkpoint) {
 		} else if errors.Is(err, manifests.ErrConflict) {
 			code = CodeConflict
 		}
-		a.log.Error("checkpoint failed", "task", req.Task, "checkpoint", req.Checkpoint, "err", err)
-		ck.c.send(failed(req, &Error{Code: code, Message: err.Error()}))
+		e := &Error{Code: code, Message: err.Error()}
+		ck.c.send(failed(req, e))
+		a.ended(ck, "failed", e)
 	}
+}
+
+// ended publishes a checkpoint's outcome: one log line, the span's end,
+// and the metrics, all with the same fields.
+func (a *Agent) ended(ck *checkpoint, status string, err error) {
+	r := ck.result
+	r.Task, r.Checkpoint, r.Status, r.At = ck.req.Task, ck.req.Checkpoint, status, time.Now()
+	r.Total = r.At.Sub(ck.start)
+	if !ck.synced.IsZero() {
+		r.Sync, r.Async = ck.synced.Sub(ck.start), r.At.Sub(ck.synced)
+	}
+	attrs := []any{"task", r.Task, "checkpoint", r.Checkpoint, "status", status,
+		"checkpoint_size", r.CheckpointSize, "full_size", r.FullSize,
+		"files_uploaded", r.FilesUploaded, "files_reused", r.FilesReused,
+		"sync_ms", r.Sync.Milliseconds(), "async_ms", r.Async.Milliseconds(), "duration_ms", r.Total.Milliseconds()}
+	ck.span.SetAttributes(attribute.String("ckpt.status", status),
+		attribute.Int64("ckpt.checkpoint_size", r.CheckpointSize), attribute.Int64("ckpt.full_size", r.FullSize),
+		attribute.Int("ckpt.files_uploaded", r.FilesUploaded), attribute.Int("ckpt.files_reused", r.FilesReused))
+	switch {
+	case err != nil && status == "failed":
+		ck.span.SetStatus(codes.Error, err.Error())
+		a.log.Error("checkpoint failed", append(attrs, "err", err)...)
+	case err != nil:
+		ck.span.SetStatus(codes.Error, status)
+		a.log.Warn("checkpoint aborted", append(attrs, "err", err)...)
+	default:
+		a.log.Info("checkpoint completed", attrs...)
+	}
+	ck.span.End()
+	a.cfg.Telemetry.CheckpointEnded(context.WithoutCancel(ck.ctx), r)
 }
 
 // load reads the task's retained manifests from storage, once: the live set
@@ -264,14 +313,20 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	a.mu.Unlock()
 	confirmedAt := time.Now()
 
-	res, err := uploader.Upload(ctx, uploader.Request{
+	uctx, upSpan := telemetry.Tracer().Start(ctx, "upload")
+	res, err := uploader.Upload(uctx, uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint,
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes,
 		Concurrency: a.cfg.UploadConcurrency, Full: a.cfg.Full,
 	})
 	if err != nil {
+		upSpan.SetStatus(codes.Error, err.Error())
+		upSpan.End()
 		return Event{}, err
 	}
+	upSpan.SetAttributes(attribute.Int64("ckpt.bytes_uploaded", res.BytesWritten), attribute.Int64("ckpt.bytes_hashed", res.BytesHashed),
+		attribute.Int("ckpt.files_uploaded", res.FilesUploaded), attribute.Int("ckpt.files_reused", res.FilesReused))
+	upSpan.End()
 	// Reused objects were confirmed when the upload started. If it took
 	// longer than half the GC grace, a manifest retired meanwhile may have
 	// let GC delete one: check they are all still there before committing.
@@ -304,7 +359,10 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	if err := ctx.Err(); err != nil {
 		return Event{}, err
 	}
-	if err := manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded); err != nil {
+	_, commitSpan := telemetry.Tracer().Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
+	err = manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded)
+	commitSpan.End()
+	if err != nil {
 		if errors.Is(err, manifests.ErrConflict) {
 			return Event{}, errorf(CodeConflict, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
 		}
@@ -312,10 +370,8 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	}
 	a.committed(t, m, encoded)
 	dur := time.Since(ck.start).Milliseconds()
-	a.log.Info("checkpoint completed", "task", req.Task, "checkpoint", req.Checkpoint,
-		"checkpoint_size", m.CheckpointSize, "full_size", m.FullSize,
-		"files_uploaded", m.FilesUploaded, "files_reused", m.FilesReused,
-		"bytes_hashed", res.BytesHashed, "duration_ms", dur)
+	ck.result = telemetry.CheckpointRecord{CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
+		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, BytesUploaded: m.CheckpointSize}
 	return Event{
 		Event: "completed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
 		CheckpointSize: ptr(m.CheckpointSize), FullSize: ptr(m.FullSize),
@@ -372,7 +428,10 @@ func (a *Agent) maybeSweep() {
 	a.jobs.Add(1)
 	go func() {
 		defer a.jobs.Done()
-		rep, err := manifests.GC(a.jobsCtx, a.cfg.Store, a.cfg.Job, manifests.GCOptions{Grace: a.cfg.GCGrace})
+		ctx, span := telemetry.Tracer().Start(a.jobsCtx, "gc", trace.WithAttributes(attribute.String("ckpt.job", a.cfg.Job)))
+		rep, err := manifests.GC(ctx, a.cfg.Store, a.cfg.Job, manifests.GCOptions{Grace: a.cfg.GCGrace})
+		span.SetAttributes(attribute.Int("ckpt.deleted_objects", rep.DeletedObjects), attribute.Int64("ckpt.live_bytes", rep.LiveBytes))
+		span.End()
 		a.sweepMu.Lock()
 		a.sweeping, a.lastSweep = false, time.Now()
 		a.sweepMu.Unlock()
@@ -380,6 +439,7 @@ func (a *Agent) maybeSweep() {
 			a.log.Warn("gc", "err", err)
 			return
 		}
+		a.cfg.Telemetry.GCEnded(ctx, rep.LiveBytes, rep.DeletedObjects, rep.DeletedBytes)
 		a.log.Info("gc", "deleted_objects", rep.DeletedObjects, "deleted_bytes", rep.DeletedBytes,
 			"live_objects", rep.LiveObjects, "live_bytes", rep.LiveBytes, "retained_checkpoints", rep.RetainedCheckpoints)
 	}()
@@ -404,6 +464,7 @@ func (a *Agent) abort(c *conn, req Request) {
 			ck.t.pending = slices.Delete(ck.t.pending, i, i+1)
 			a.mu.Unlock()
 			a.local.Discard(req.Task, req.Checkpoint)
+			a.ended(ck, "aborted", errors.New("aborted while queued"))
 			a.finish(ck, false)
 			ck.c.send(Event{Event: "aborted", ID: ck.req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
 			c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})

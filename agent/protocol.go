@@ -106,7 +106,10 @@ func DecodeRequest(line []byte) (Request, *Error) {
 	if err := dec.Decode(&r); err != nil {
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
-			return r, errorf(CodeBadRequest, "field %q: %s is not a valid %s", te.Field, te.Value, te.Type)
+			if te.Field == "" {
+				return r, errorf(CodeBadRequest, "a request is a JSON object, not a JSON %s", te.Value)
+			}
+			return r, errorf(CodeBadRequest, "field %q: a JSON %s is not valid there", te.Field, te.Value)
 		}
 		return r, errorf(CodeBadRequest, "not a JSON object: %v", err)
 	}

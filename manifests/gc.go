@@ -189,7 +189,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	}
 
 	if c, ok := storage.AsCleaner(s); ok && !opts.DryRun {
-		n, _, err := c.CleanIncomplete(ctx, start.Add(-opts.Grace))
+		n, _, err := c.CleanIncomplete(ctx, job+"/", start.Add(-opts.Grace))
 		if err != nil {
 			return rep, fmt.Errorf("gc: remove incomplete uploads: %w", err)
 		}

@@ -68,10 +68,12 @@ type Store interface {
 
 // IncompleteCleaner is implemented by stores that can leave incomplete
 // writes behind after a crash (temporary files, multipart uploads).
-// CleanIncomplete removes those started before olderThan and reports how
-// many it removed and how many bytes they held (best effort for bytes).
+// CleanIncomplete removes those of keys under prefix that were started
+// before olderThan, and reports how many it removed and how many bytes
+// they held (best effort for bytes). Writes under other prefixes (another
+// job's uploads) are never touched.
 type IncompleteCleaner interface {
-	CleanIncomplete(ctx context.Context, olderThan time.Time) (n int, bytes int64, err error)
+	CleanIncomplete(ctx context.Context, prefix string, olderThan time.Time) (n int, bytes int64, err error)
 }
 
 // Unwrapper is implemented by decorators so callers can reach optional

@@ -21,6 +21,10 @@ import (
 	"ckpt/localrecovery"
 	"ckpt/manifests"
 	"ckpt/storage"
+	"ckpt/telemetry"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // DefaultInlineMax is the size up to which private files are stored inside
@@ -156,19 +160,29 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 		}
 	}
 
-	// Phase 3: transfer.
+	// Phase 3: transfer. Each upload gets a span, up to maxSpans of them:
+	// a checkpoint of thousands of files should not flood the trace.
+	const maxSpans = 32
+	tracer := telemetry.Tracer()
 	var written atomic.Int64
 	var mu sync.Mutex // guards files[].SHA256 of private objects
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(req.Concurrency)
-	for _, j := range jobs {
+	for i, j := range jobs {
 		f := &files[j.idx]
 		name, size, want := f.Name, f.Size, f.SHA256
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			sha, err := putFile(gctx, req.Store, j.key, sn.Path(name), size)
+			ctx := gctx
+			if i < maxSpans {
+				var span trace.Span
+				ctx, span = tracer.Start(gctx, "upload.object", trace.WithAttributes(
+					attribute.String("ckpt.file", name), attribute.Int64("ckpt.size", size)))
+				defer span.End()
+			}
+			sha, err := putFile(ctx, req.Store, j.key, sn.Path(name), size)
 			if err != nil {
 				return fmt.Errorf("upload %s: %w", name, err)
 			}

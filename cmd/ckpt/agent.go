@@ -10,7 +10,10 @@ import (
 	"time"
 
 	"ckpt/agent"
+	"ckpt/engine"
 	"ckpt/restore"
+	"ckpt/storage/ratelimit"
+	"ckpt/telemetry"
 )
 
 // stringList is a repeatable flag.
@@ -39,6 +42,12 @@ func runAgent(ctx context.Context, args []string) error {
 	maxQueued := fs.Int("max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
 	shutdown := fs.Duration("shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
 	full := fs.Bool("full", false, "upload every file of every checkpoint (a baseline for benchmarks)")
+	uploadRate := fs.Int64("upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
+	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
+	pprofOn := fs.Bool("pprof", false, "also serve /debug/pprof/ on the metrics address")
+	drillEvery := fs.Duration("drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
+	drillRate := fs.Int64("drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
+	scratch := fs.String("drill-dir", "", "scratch directory for drills (default: the system temp dir)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
 	if err := fs.Parse(args); err != nil {
@@ -59,25 +68,62 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *store)
+	if *uploadRate < 0 || *drillRate < 0 {
+		return usageError{fmt.Errorf("--upload-rate and --drill-rate must not be negative")}
+	}
+	base, err := openStore(ctx, *store)
 	if err != nil {
 		return err
 	}
-	defer st.Close()
+	defer base.Close()
+	st := ratelimit.New(base, ratelimit.Limits{Upload: *uploadRate})
+	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: base.String(), Version: version})
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.Background())
 	cfg := agent.Config{
-		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots,
+		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, Full: *full, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, task string, n uint64, target string) (any, error) {
-		return restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, LocalDir: *localDir})
+		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, LocalDir: *localDir})
+		recordRestore(ctx, tel, task, res, err)
+		return res, err
+	}
+	if *drillEvery > 0 {
+		drillStore := ratelimit.New(base, ratelimit.Limits{Download: *drillRate})
+		cfg.DrillInterval = *drillEvery
+		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
+			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: *job, Task: task, ScratchDir: *scratch, Check: engine.Check})
+		}
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		return usageError{err}
 	}
+	if *metricsAddr != "" {
+		addr, _, err := tel.Serve(ctx, *metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: *pprofOn, Logger: log})
+		if err != nil {
+			return err
+		}
+		log.Info("metrics and status page", "url", "http://"+addr.String()+"/")
+	}
 	return a.Run(ctx)
+}
+
+// recordRestore publishes a restore's duration and sources.
+func recordRestore(ctx context.Context, tel *telemetry.Telemetry, task string, res *restore.Result, err error) {
+	if res == nil || !res.Restored {
+		if err != nil {
+			tel.RestoreEnded(ctx, telemetry.RestoreRecord{Task: task})
+		}
+		return
+	}
+	tel.RestoreEnded(ctx, telemetry.RestoreRecord{Task: task, Checkpoint: res.Checkpoint, BytesLocal: res.BytesLocal,
+		BytesRemote: res.BytesRemote, Duration: time.Duration(res.DurationMS) * time.Millisecond, OK: true})
 }
 
 // applyConfig sets every flag the config file names and the command line

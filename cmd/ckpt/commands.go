@@ -35,10 +35,12 @@ func runRestore(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.Close()
+	bar := newProgress(!*asJSON, "restore")
 	res, err := restore.Run(ctx, restore.Options{
 		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, LocalDir: *localDir,
-		IfNotExists: *ifNotExists, IfCheckpointExists: *ifCkpt, Parallelism: *par,
+		IfNotExists: *ifNotExists, IfCheckpointExists: *ifCkpt, Parallelism: *par, Progress: bar.update,
 	})
+	bar.done()
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,9 @@ import (
 
 	"ckpt/storage"
 	_ "ckpt/storage/file"
+	_ "ckpt/storage/gs"
+	"ckpt/storage/retry"
+	_ "ckpt/storage/s3"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".
@@ -39,6 +42,7 @@ func commands() []command {
 		{"list", "list the complete checkpoints of a job", runList},
 		{"verify", "re-read every object of checkpoints and check sizes and checksums", runVerify},
 		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
+		{"drill", "restore the newest checkpoint from storage into a scratch dir, verify it, time it", runDrill},
 		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
 		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
 	}
@@ -139,13 +143,15 @@ func parse(fs *flag.FlagSet, args []string, required ...string) error {
 	return nil
 }
 
-// openStore opens a storage URL with a message that says what to check.
+// openStore opens a storage URL (the backend checks at once that it can
+// reach it, with a message that says what to check) and retries transient
+// failures of every later call.
 func openStore(ctx context.Context, url string) (storage.Store, error) {
 	s, err := storage.Open(ctx, url)
 	if err != nil {
 		return nil, err
 	}
-	return s, nil
+	return retry.New(s, retry.Options{MaxAttempts: 4}), nil
 }
 
 // printJSON writes v as the one JSON value on stdout.

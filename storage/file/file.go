@@ -285,12 +285,19 @@ func (s *Store) pruneDirs(dir string) {
 	}
 }
 
-// CleanIncomplete removes temporary files older than olderThan: writes that
-// a crash interrupted.
-func (s *Store) CleanIncomplete(ctx context.Context, olderThan time.Time) (int, int64, error) {
+// CleanIncomplete removes temporary files of keys under prefix that are
+// older than olderThan: writes that a crash interrupted.
+func (s *Store) CleanIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, int64, error) {
 	var n int
 	var bytes int64
-	err := filepath.WalkDir(s.root, func(p string, d fs.DirEntry, err error) error {
+	dir := s.root
+	if i := strings.LastIndex(prefix, "/"); i >= 0 {
+		if err := storage.ValidKey(prefix[:i]); err != nil {
+			return 0, 0, fmt.Errorf("clean %s: %w", prefix, err)
+		}
+		dir = filepath.Join(s.root, filepath.FromSlash(prefix[:i]))
+	}
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
 				return nil
@@ -301,6 +308,11 @@ func (s *Store) CleanIncomplete(ctx context.Context, olderThan time.Time) (int, 
 			return err
 		}
 		if d.IsDir() || !strings.Contains(d.Name(), tmpMarker) {
+			return nil
+		}
+		// The key the temporary file was writing: ".<base>.ckpt-tmp-<rand>".
+		rel, _ := filepath.Rel(s.root, filepath.Join(filepath.Dir(p), strings.TrimPrefix(d.Name()[:strings.Index(d.Name(), tmpMarker)], ".")))
+		if !strings.HasPrefix(filepath.ToSlash(rel), prefix) {
 			return nil
 		}
 		fi, err := d.Info()

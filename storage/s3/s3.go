@@ -445,14 +445,14 @@ func (s *Store) Delete(ctx context.Context, keys ...string) error {
 	return errors.Join(errs...)
 }
 
-// CleanIncomplete aborts the multipart uploads under the prefix that were
+// CleanIncomplete aborts the multipart uploads of keys under prefix that were
 // initiated before olderThan; bytes counts their uploaded parts.
-func (s *Store) CleanIncomplete(ctx context.Context, olderThan time.Time) (int, int64, error) {
+func (s *Store) CleanIncomplete(ctx context.Context, prefix string, olderThan time.Time) (int, int64, error) {
 	var n int
 	var total int64
 	p := s3.NewListMultipartUploadsPaginator(s.client, &s3.ListMultipartUploadsInput{
 		Bucket: &s.bucket,
-		Prefix: aws.String(s.prefix),
+		Prefix: aws.String(s.prefix + prefix),
 	})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)

@@ -329,11 +329,11 @@ func TestCleanIncompleteAbortsForgottenUploads(t *testing.T) {
 	start("job/crashed/object")     // never completed
 	start("elsewhere/other/object") // outside the store's prefix
 
-	n, _, err := s.CleanIncomplete(ctx, time.Now().Add(-time.Hour))
+	n, _, err := s.CleanIncomplete(ctx, "", time.Now().Add(-time.Hour))
 	if err != nil || n != 0 {
 		t.Fatalf("clean of uploads older than an hour: %d, %v; want none", n, err)
 	}
-	n, b, err := s.CleanIncomplete(ctx, time.Now().Add(time.Minute))
+	n, b, err := s.CleanIncomplete(ctx, "", time.Now().Add(time.Minute))
 	if err != nil || n != 1 {
 		t.Fatalf("clean: %d uploads, %v; want 1", n, err)
 	}

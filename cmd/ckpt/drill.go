@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	"ckpt/engine"
+	"ckpt/restore"
+)
+
+func runDrill(ctx context.Context, args []string) error {
+	fs := newFlags("drill", "--storage URL --job NAME --task T [--json]",
+		"ckpt drill --storage s3://bucket/ckpt --job orders --task orders-3 --json")
+	store := fs.String("storage", "", "storage URL")
+	job := fs.String("job", "", "job name")
+	task := fs.String("task", "", "task name")
+	scratch := fs.String("scratch", "", "directory for the scratch restore (default: the system temp dir)")
+	par := fs.Int("parallelism", 8, "files restored at once")
+	noCheck := fs.Bool("no-engine-check", false, "do not open the restored store with its engine")
+	asJSON := fs.Bool("json", false, "print the result as JSON")
+	if err := parse(fs, args, "storage", "job", "task"); err != nil {
+		return err
+	}
+	if err := validNames(*job, *task); err != nil {
+		return err
+	}
+	st, err := openStore(ctx, *store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	o := restore.DrillOptions{Store: st, Job: *job, Task: *task, ScratchDir: *scratch, Parallelism: *par}
+	if !*noCheck {
+		o.Check = engine.Check
+	}
+	bar := newProgress(!*asJSON, "drill")
+	o.Progress = bar.update
+	res, err := restore.Drill(ctx, o)
+	bar.done()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(res)
+	}
+	fmt.Printf("drill of %s checkpoint %d: %d files, %s restored from storage and verified in %d ms (%s/s)",
+		res.Task, res.Checkpoint, res.Files, human(res.Bytes), res.DurationMS, human(int64(res.ThroughputBytesPerS)))
+	if res.EngineChecked {
+		fmt.Printf("; the store opens, %d keys", res.Keys)
+	}
+	fmt.Println()
+	return nil
+}
+
+// human formats bytes in binary units.
+func human(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; n >= unit; n /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
+}
