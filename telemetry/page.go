@@ -1,20 +1,561 @@
 package telemetry
 
 import (
+	"fmt"
 	"html/template"
 	"io"
+	"math"
+	"strconv"
+	"time"
 )
 
-var pageTmpl = template.Must(template.New("status").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>ckpt {{.Job}}</title></head>
-<body><h1>ckpt: job {{.Job}}</h1>
-<p>storage {{.Storage}}, version {{.Version}}; retained in storage {{.RetainedBytes}} B, logical state {{.LogicalBytes}} B</p>
-{{range .Tasks}}<h2>task {{.Task}}</h2><p>in flight: {{.InFlight}}</p>
-<table><tr><th>checkpoint</th><th>status</th><th>checkpoint size</th><th>full size</th></tr>
-{{range .History}}<tr><td>{{.Checkpoint}}</td><td>{{.Status}}</td><td>{{.CheckpointSize}}</td><td>{{.FullSize}}</td></tr>{{end}}
-</table>{{end}}
-</body></html>
-`))
+// The status page is one self-contained HTML document: inline CSS, inline
+// SVG, no script and no external reference, so that it renders under the
+// server's CSP (default-src 'none'; style-src 'unsafe-inline'; img-src data:)
+// and every number is in the HTML itself. Elements that tests and scrapers
+// look for carry stable classes and data attributes holding raw values:
+// data-task on each task's section and chart, data-bytes on sizes (bytes),
+// data-ns on durations (nanoseconds), data-checkpoint on each bar.
 
 // RenderStatus writes the status page for v.
-func RenderStatus(w io.Writer, v View) error { return pageTmpl.Execute(w, v) }
+func RenderStatus(w io.Writer, v View) error { return pageTmpl.Execute(w, newPage(v)) }
+
+// page is what the template draws: the View with every number formatted
+// and every chart laid out.
+type page struct {
+	Job, Storage, Version string
+	Now                   string
+	Tasks                 []taskPage
+	Retained, Logical     int64
+	GCDeleted             int64
+	Bar                   storageBar
+}
+
+// storageBar compares retained bytes in storage with the logical state.
+type storageBar struct {
+	Measured        bool    // a GC has reported what storage holds
+	RetainedW       float64 // bar widths in the SVG's units
+	LogicalW        float64
+	Ratio           string // retained / logical, "" when undefined
+	Retained, Logic string
+}
+
+type taskPage struct {
+	Task     string
+	Chart    *chart
+	Last     *lastCheckpoint
+	Drill    *drillSummary
+	InFlight int
+	Window   int // records in History
+	Counts   struct{ Completed, Failed, Aborted int }
+	LastBad  string // status of the newest record when it did not complete
+	Rows     []historyRow
+}
+
+type lastCheckpoint struct {
+	Checkpoint            uint64
+	Size, Full            int64
+	SizeH, FullH          string
+	Uploaded, Reused      int
+	Sync, Async, Total    time.Duration
+	SyncH, AsyncH, TotalH string
+	At, Ago               string
+	BytesUploaded         int64
+	BytesUploadedH        string
+}
+
+type drillSummary struct {
+	Checkpoint       uint64
+	Duration         time.Duration
+	DurationH        string
+	Throughput       float64
+	ThroughputH      string
+	Bytes            string
+	Verified         bool
+	Error            string
+	Ago              string
+	VsCheckpoint     string // drill duration over the last checkpoint's, "1.4×"
+	ThroughputBytesS int64
+}
+
+type historyRow struct {
+	Checkpoint       uint64
+	Status           string
+	Size, Full       string
+	Uploaded, Reused int
+	Total            string
+	At               string
+}
+
+// chart is one task's history laid out in SVG units.
+type chart struct {
+	W, H                     float64
+	Left, Right, Top, Bottom float64
+	PlotH, TickEnd           float64
+	Bars                     []bar
+	Hits                     []hit
+	Line                     string // polyline points of full size
+	Dots                     []dot
+	Marks                    []mark
+	YTicks                   []tick
+	XTicks                   []tick
+	AnyBad                   bool
+	Count                    int
+	Task                     string
+}
+
+type bar struct {
+	X, Y, W, H float64
+	Checkpoint uint64
+	Bytes      int64
+	Title      string
+}
+
+type hit struct {
+	X, W  float64
+	Title string
+}
+
+type dot struct {
+	X, Y  float64
+	Bytes int64
+	Title string
+}
+
+type mark struct {
+	X, Y   float64
+	Status string
+	Title  string
+}
+
+type tick struct {
+	Pos   float64
+	Label string
+}
+
+func newPage(v View) page {
+	p := page{Job: v.Job, Storage: v.Storage, Version: v.Version, Retained: v.RetainedBytes,
+		Logical: v.LogicalBytes, GCDeleted: v.GCDeleted}
+	now := v.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	p.Now = now.UTC().Format("2006-01-02 15:04:05 UTC")
+	p.Bar = newStorageBar(v.RetainedBytes, v.LogicalBytes)
+	for _, tv := range v.Tasks {
+		p.Tasks = append(p.Tasks, newTaskPage(tv, now))
+	}
+	return p
+}
+
+// storageBarWidth is the width of the longer bar of the storage comparison.
+const storageBarWidth = 320
+
+func newStorageBar(retained, logical int64) storageBar {
+	s := storageBar{Measured: retained > 0 || logical == 0, Retained: FormatBytes(retained), Logic: FormatBytes(logical)}
+	top := max(retained, logical)
+	if top > 0 {
+		s.RetainedW = r1(storageBarWidth * float64(retained) / float64(top))
+		s.LogicalW = r1(storageBarWidth * float64(logical) / float64(top))
+	}
+	if s.Measured && logical > 0 && retained > 0 {
+		s.Ratio = strconv.FormatFloat(float64(retained)/float64(logical), 'f', 2, 64) + "×"
+	}
+	return s
+}
+
+func newTaskPage(tv TaskView, now time.Time) taskPage {
+	tp := taskPage{Task: tv.Task, InFlight: tv.InFlight, Window: len(tv.History)}
+	var last *CheckpointRecord
+	for i := range tv.History {
+		r := &tv.History[i]
+		switch r.Status {
+		case "completed":
+			tp.Counts.Completed++
+			last = r
+		case "failed":
+			tp.Counts.Failed++
+		case "aborted":
+			tp.Counts.Aborted++
+		}
+	}
+	if n := len(tv.History); n > 0 && tv.History[n-1].Status != "completed" {
+		tp.LastBad = tv.History[n-1].Status
+	}
+	if last != nil {
+		tp.Last = &lastCheckpoint{Checkpoint: last.Checkpoint, Size: last.CheckpointSize, Full: last.FullSize,
+			SizeH: FormatBytes(last.CheckpointSize), FullH: FormatBytes(last.FullSize),
+			Uploaded: last.FilesUploaded, Reused: last.FilesReused,
+			Sync: last.Sync, Async: last.Async, Total: last.Total,
+			SyncH: FormatDuration(last.Sync), AsyncH: FormatDuration(last.Async), TotalH: FormatDuration(last.Total),
+			At: stamp(last.At), Ago: ago(now, last.At),
+			BytesUploaded: last.BytesUploaded, BytesUploadedH: FormatBytes(last.BytesUploaded)}
+	}
+	if d := tv.LastDrill; d != nil {
+		ds := &drillSummary{Checkpoint: d.Checkpoint, Duration: d.Duration, DurationH: FormatDuration(d.Duration),
+			Throughput: d.Throughput, ThroughputH: FormatRate(d.Throughput), Bytes: FormatBytes(d.Bytes),
+			Verified: d.Verified, Error: d.Error, Ago: ago(now, d.At), ThroughputBytesS: int64(d.Throughput)}
+		if last != nil && last.Total > 0 && d.Duration > 0 {
+			ds.VsCheckpoint = strconv.FormatFloat(float64(d.Duration)/float64(last.Total), 'f', 1, 64) + "×"
+		}
+		tp.Drill = ds
+	}
+	for i := len(tv.History) - 1; i >= 0; i-- {
+		r := tv.History[i]
+		tp.Rows = append(tp.Rows, historyRow{Checkpoint: r.Checkpoint, Status: r.Status,
+			Size: FormatBytes(r.CheckpointSize), Full: FormatBytes(r.FullSize),
+			Uploaded: r.FilesUploaded, Reused: r.FilesReused, Total: FormatDuration(r.Total), At: stamp(r.At)})
+	}
+	if len(tv.History) > 0 {
+		tp.Chart = newChart(tv.History)
+		tp.Chart.Task = tv.Task
+	}
+	return tp
+}
+
+// Chart geometry, in SVG user units (the SVG scales to its box).
+const (
+	chartW, chartH                        = 680.0, 260.0
+	chartLeft, chartRight                 = 64.0, 12.0
+	chartTop, chartBottom                 = 34.0, 40.0
+	maxXLabels                            = 8
+	barFill                               = 0.72 // share of a slot a bar fills
+	maxBarW                               = 32.0 // few checkpoints still draw slim bars
+	minBarH                               = 1.0  // a non-empty checkpoint stays visible
+	markSize                              = 5.0
+	chartPlotW, chartPlotH                = chartW - chartLeft - chartRight, chartH - chartTop - chartBottom
+	chartPlotRight, chartPlotBottomYCoord = chartW - chartRight, chartH - chartBottom
+)
+
+// newChart lays out a history (oldest first): one slot per record, a bar
+// for the checkpoint size of each completed checkpoint, a line through the
+// full sizes, and a mark at the baseline for each failed or aborted one.
+// Both series share one byte axis from zero, so a compaction shows as a
+// tall bar where the line steps down: the sawtooth.
+func newChart(h []CheckpointRecord) *chart {
+	c := &chart{W: chartW, H: chartH, Left: chartLeft, Right: chartPlotRight, Top: chartTop,
+		Bottom: chartPlotBottomYCoord, PlotH: chartPlotH, TickEnd: chartPlotBottomYCoord + 4, Count: len(h)}
+	var top int64
+	for _, r := range h {
+		if r.Status == "completed" {
+			top = max(top, r.CheckpointSize, r.FullSize)
+		}
+	}
+	ticks, axisMax := byteTicks(top)
+	y := func(b int64) float64 {
+		return chartPlotBottomYCoord - chartPlotH*float64(b)/axisMax
+	}
+	for _, t := range ticks {
+		c.YTicks = append(c.YTicks, tick{Pos: r1(y(int64(t.value))), Label: t.label})
+	}
+	slot := chartPlotW / float64(len(h))
+	bw := math.Min(maxBarW, math.Max(1, slot*barFill))
+	stride := (len(h) + maxXLabels - 1) / maxXLabels
+	var line []byte
+	for i, r := range h {
+		cx := chartLeft + (float64(i)+0.5)*slot
+		title := recordTitle(r)
+		c.Hits = append(c.Hits, hit{X: r1(chartLeft + float64(i)*slot), W: r1(slot), Title: title})
+		if (len(h)-1-i)%stride == 0 {
+			c.XTicks = append(c.XTicks, tick{Pos: r1(cx), Label: strconv.FormatUint(r.Checkpoint, 10)})
+		}
+		if r.Status != "completed" {
+			c.AnyBad = true
+			c.Marks = append(c.Marks, mark{X: r1(cx), Y: chartPlotBottomYCoord, Status: r.Status, Title: title})
+			continue
+		}
+		by := y(r.CheckpointSize)
+		bh := chartPlotBottomYCoord - by
+		if r.CheckpointSize > 0 && bh < minBarH {
+			bh, by = minBarH, chartPlotBottomYCoord-minBarH
+		}
+		c.Bars = append(c.Bars, bar{X: r1(cx - bw/2), Y: r1(by), W: r1(bw), H: r1(bh),
+			Checkpoint: r.Checkpoint, Bytes: r.CheckpointSize, Title: title})
+		fy := r1(y(r.FullSize))
+		c.Dots = append(c.Dots, dot{X: r1(cx), Y: fy, Bytes: r.FullSize, Title: title})
+		if len(line) > 0 {
+			line = append(line, ' ')
+		}
+		line = strconv.AppendFloat(line, r1(cx), 'f', -1, 64)
+		line = append(line, ',')
+		line = strconv.AppendFloat(line, fy, 'f', -1, 64)
+	}
+	c.Line = string(line)
+	return c
+}
+
+func recordTitle(r CheckpointRecord) string {
+	if r.Status != "completed" {
+		return fmt.Sprintf("checkpoint %d %s after %s", r.Checkpoint, r.Status, FormatDuration(r.Total))
+	}
+	return fmt.Sprintf("checkpoint %d: checkpoint size %s, full size %s, %d files uploaded, %d reused, took %s",
+		r.Checkpoint, FormatBytes(r.CheckpointSize), FormatBytes(r.FullSize), r.FilesUploaded, r.FilesReused, FormatDuration(r.Total))
+}
+
+type axisTick struct {
+	value float64
+	label string
+}
+
+var byteUnits = []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
+
+// byteTicks picks about four round ticks from zero past top, in the binary
+// unit that keeps the labels below 1024, and returns them with the axis
+// maximum in bytes.
+func byteTicks(top int64) ([]axisTick, float64) {
+	if top <= 0 {
+		top = 1024
+	}
+	unit, div := 0, 1.0
+	for float64(top)/div >= 1024 && unit < len(byteUnits)-1 {
+		unit++
+		div *= 1024
+	}
+	m := float64(top) / div
+	rough := m / 4
+	mag := math.Pow(10, math.Floor(math.Log10(rough)))
+	step := 10 * mag
+	for _, f := range []float64{1, 2, 2.5, 5} {
+		if f*mag >= rough {
+			step = f * mag
+			break
+		}
+	}
+	if unit == 0 && step < 1 {
+		step = 1
+	}
+	n := int(math.Ceil(m/step - 1e-9))
+	prec := 0
+	if step < 1 {
+		prec = int(math.Ceil(-math.Log10(step) - 1e-9))
+	}
+	if step != math.Trunc(step) && step*10 == math.Trunc(step*10) {
+		prec = max(prec, 1)
+	}
+	ticks := make([]axisTick, 0, n+1)
+	for i := 0; i <= n; i++ {
+		v := float64(i) * step
+		label := "0"
+		if i > 0 {
+			label = strconv.FormatFloat(v, 'f', prec, 64) + " " + byteUnits[unit]
+		}
+		ticks = append(ticks, axisTick{value: v * div, label: label})
+	}
+	return ticks, float64(n) * step * div
+}
+
+// FormatBytes prints n in binary units with three significant digits:
+// 512 B, 1.50 KiB, 12.3 MiB, 100 GiB.
+func FormatBytes(n int64) string {
+	if n < 1024 && n > -1024 {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	v, unit := float64(n), 0
+	for math.Abs(v) >= 1024 && unit < len(byteUnits)-1 {
+		v /= 1024
+		unit++
+	}
+	return threeDigits(v) + " " + byteUnits[unit]
+}
+
+// FormatRate prints a throughput in bytes per second.
+func FormatRate(bytesPerSecond float64) string {
+	if bytesPerSecond <= 0 || math.IsNaN(bytesPerSecond) || math.IsInf(bytesPerSecond, 0) {
+		return "0 B/s"
+	}
+	return FormatBytes(int64(bytesPerSecond)) + "/s"
+}
+
+// FormatDuration prints d the way an operator reads it: 850 µs, 12.5 ms,
+// 1.25 s, 2m05s, 1h02m.
+func FormatDuration(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0 s"
+	case d < time.Millisecond:
+		return strconv.FormatInt(d.Microseconds(), 10) + " µs"
+	case d < time.Second:
+		return threeDigits(float64(d)/float64(time.Millisecond)) + " ms"
+	case d < time.Minute:
+		return threeDigits(d.Seconds()) + " s"
+	case d < time.Hour:
+		s := int64(d.Round(time.Second) / time.Second)
+		return fmt.Sprintf("%dm%02ds", s/60, s%60)
+	default:
+		m := int64(d.Round(time.Minute) / time.Minute)
+		return fmt.Sprintf("%dh%02dm", m/60, m%60)
+	}
+}
+
+func threeDigits(v float64) string {
+	a := math.Abs(v)
+	switch {
+	case a < 9.995:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	case a < 99.95:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	default:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+}
+
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("15:04:05")
+}
+
+func ago(now, t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	d := now.Sub(t)
+	switch {
+	case d < time.Second:
+		return "just now"
+	case d < time.Minute:
+		return strconv.FormatInt(int64(d/time.Second), 10) + " s ago"
+	}
+	return FormatDuration(d.Truncate(time.Second)) + " ago"
+}
+
+// r1 rounds to a tenth of an SVG unit, which keeps the markup short.
+func r1(v float64) float64 { return math.Round(v*10) / 10 }
+
+var pageTmpl = template.Must(template.New("status").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="10">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ckpt · {{.Job}}</title>
+<style>
+:root{--ink:#1f2430;--muted:#667085;--line:#e4e7ec;--bg:#f6f7f9;--card:#fff;--size:#3b6fb6;--full:#e8772e;--bad:#d92d20;--ok:#12875b}
+*{box-sizing:border-box}
+body{margin:0;background:var(--bg);color:var(--ink);font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif}
+header{background:var(--card);border-bottom:1px solid var(--line);padding:14px 24px;display:flex;flex-wrap:wrap;gap:6px 28px;align-items:baseline}
+header h1{font-size:18px;margin:0}
+header .meta{color:var(--muted)}
+header .meta b{color:var(--ink);font-weight:600}
+main{padding:16px 24px;display:grid;gap:16px}
+section.card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:14px 18px}
+h2{font-size:15px;margin:0 0 10px;display:flex;flex-wrap:wrap;gap:10px;align-items:center}
+.pill{font-size:12px;font-weight:500;border-radius:10px;padding:1px 8px;background:#eef2f6;color:var(--muted)}
+.pill.bad{background:#fee4e2;color:var(--bad)}
+.pill.busy{background:#e0ecfb;color:var(--size)}
+.job-storage{display:flex;flex-wrap:wrap;gap:10px 36px;align-items:flex-end}
+.big{font-size:20px;font-weight:600;font-variant-numeric:tabular-nums}
+.label{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.task-body{display:flex;flex-wrap:wrap;gap:14px 28px;align-items:flex-start}
+.chart-box{flex:1 1 560px;min-width:360px;max-width:860px}
+svg.chart{width:100%;height:auto;display:block}
+svg text{font:11px system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;fill:var(--muted)}
+svg .grid{stroke:var(--line);stroke-width:1}
+svg .axis{stroke:#98a2b3;stroke-width:1}
+svg .bar{fill:var(--size)}
+svg .full-line{fill:none;stroke:var(--full);stroke-width:2;stroke-linejoin:round}
+svg .full-dot{fill:var(--full);stroke:#fff;stroke-width:1}
+svg .hit{fill:transparent}
+svg .hit:hover{fill:rgba(16,24,40,.07)}
+svg .mark{fill:var(--bad)}
+svg .legend text{fill:var(--ink);font-size:12px}
+svg .axis-title{font-size:11px}
+.numbers{flex:0 1 320px;min-width:270px;border-collapse:collapse}
+.numbers th{text-align:left;font-weight:400;color:var(--muted);padding:3px 14px 3px 0;white-space:nowrap;vertical-align:top}
+.numbers td{padding:3px 0;font-variant-numeric:tabular-nums}
+.numbers tr.sep th,.numbers tr.sep td{border-top:1px solid var(--line);padding-top:7px}
+.sub{color:var(--muted);font-size:12px;font-weight:400}
+.value{font-weight:600}
+.bad{color:var(--bad)}
+.ok{color:var(--ok)}
+.empty{color:var(--muted);padding:24px 0}
+details{margin-top:10px}
+summary{cursor:pointer;color:var(--muted)}
+table.history{border-collapse:collapse;margin-top:6px;font-variant-numeric:tabular-nums}
+table.history th,table.history td{padding:2px 14px 2px 0;text-align:right;white-space:nowrap}
+table.history th{color:var(--muted);font-weight:400}
+table.history td.status{text-align:left}
+footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
+</style></head>
+<body>
+<header>
+<h1>ckpt · job <span id="job">{{.Job}}</span></h1>
+<span class="meta">storage <b id="storage">{{.Storage}}</b></span>
+<span class="meta">version <b id="version">{{.Version}}</b></span>
+<span class="meta">tasks <b id="task-count">{{len .Tasks}}</b></span>
+</header>
+<main>
+<section class="card" id="job-summary">
+<h2>Storage against state</h2>
+<div class="job-storage">
+<div><div class="label" title="bytes held in storage by the retained checkpoints, as of the last GC">retained in storage</div><div class="big"><span id="retained-bytes" data-bytes="{{.Retained}}">{{if .Bar.Measured}}{{.Bar.Retained}}{{else}}not measured yet{{end}}</span></div></div>
+<div><div class="label">logical state</div><div class="big"><span id="logical-bytes" data-bytes="{{.Logical}}">{{.Bar.Logic}}</span></div></div>
+<div><div class="label">storage ÷ state</div><div class="big"><span id="retained-ratio">{{if .Bar.Ratio}}{{.Bar.Ratio}}{{else}}–{{end}}</span></div></div>
+<svg class="storage-bar" width="400" height="44" viewBox="0 0 400 44" role="img" aria-label="retained bytes in storage against logical state">
+<text x="0" y="15">retained</text>
+<rect class="retained-bar" x="64" y="5" width="{{.Bar.RetainedW}}" height="13" rx="2" fill="#3b6fb6"><title>retained in storage: {{.Bar.Retained}}</title></rect>
+<text x="0" y="37">logical</text>
+<rect class="logical-bar" x="64" y="27" width="{{.Bar.LogicalW}}" height="13" rx="2" fill="#e8772e"><title>logical state: {{.Bar.Logic}}</title></rect>
+</svg>
+<div class="sub">retained: as of the last GC, which has deleted <span id="gc-deleted">{{.GCDeleted}}</span> objects so far</div>
+</div>
+</section>
+{{range .Tasks}}
+<section class="card task" id="task-{{.Task}}" data-task="{{.Task}}">
+<h2>task <span class="task-name">{{.Task}}</span>
+{{if .LastBad}}<span class="pill bad">last checkpoint {{.LastBad}}</span>{{end}}
+{{if .InFlight}}<span class="pill busy">{{.InFlight}} in flight</span>{{end}}
+{{with .Last}}<span class="pill">checkpoint {{.Checkpoint}}{{if .Ago}} · {{.Ago}}{{end}}</span>{{end}}
+</h2>
+<div class="task-body">
+<div class="chart-box">
+{{with .Chart}}{{template "chart" .}}{{else}}<div class="empty">no checkpoints yet</div>{{end}}
+</div>
+<table class="numbers">
+{{with .Last}}
+<tr><th>last checkpoint</th><td><span class="value last-checkpoint-id">{{.Checkpoint}}</span>{{if .At}} <span class="sub">at {{.At}}</span>{{end}}</td></tr>
+<tr><th>checkpoint size</th><td><span class="value last-checkpoint-size" data-bytes="{{.Size}}">{{.SizeH}}</span></td></tr>
+<tr><th>full size</th><td><span class="value last-full-size" data-bytes="{{.Full}}">{{.FullH}}</span></td></tr>
+<tr><th>files</th><td><span class="value files-uploaded">{{.Uploaded}}</span> uploaded · <span class="value files-reused">{{.Reused}}</span> reused</td></tr>
+<tr class="sep"><th>sync</th><td><span class="value sync-duration" data-ns="{{.Sync.Nanoseconds}}">{{.SyncH}}</span> <span class="sub">app waited</span></td></tr>
+<tr><th>async</th><td><span class="value async-duration" data-ns="{{.Async.Nanoseconds}}">{{.AsyncH}}</span> <span class="sub">upload + commit</span></td></tr>
+<tr><th>checkpoint took</th><td><span class="value total-duration" data-ns="{{.Total.Nanoseconds}}">{{.TotalH}}</span></td></tr>
+{{else}}
+<tr><th>last checkpoint</th><td><span class="value last-checkpoint-id">none completed</span></td></tr>
+{{end}}
+{{with .Drill}}
+<tr><th>restore drill</th><td>{{if .Verified}}<span class="value drill-duration" data-ns="{{.Duration.Nanoseconds}}">{{.DurationH}}</span> at <span class="value drill-throughput" data-bytes-per-second="{{.ThroughputBytesS}}">{{.ThroughputH}}</span>
+<div class="sub">{{.Bytes}} of checkpoint {{.Checkpoint}}, verified{{if .VsCheckpoint}} · {{.VsCheckpoint}} the last checkpoint's duration{{end}}{{if .Ago}} · {{.Ago}}{{end}}</div>
+{{else}}<span class="value bad drill-failed">failed</span><div class="sub">checkpoint {{.Checkpoint}}{{if .Error}}: {{.Error}}{{end}}</div>{{end}}</td></tr>
+{{else}}
+<tr><th>restore drill</th><td><span class="sub drill-none">no drill yet</span></td></tr>
+{{end}}
+<tr class="sep"><th>in flight</th><td><span class="value in-flight">{{.InFlight}}</span></td></tr>
+<tr><th>failed · aborted</th><td><span class="value failed-count{{if .Counts.Failed}} bad{{end}}">{{.Counts.Failed}}</span> · <span class="value aborted-count{{if .Counts.Aborted}} bad{{end}}">{{.Counts.Aborted}}</span> {{if .Window}}<span class="sub">of the last {{.Window}}</span>{{end}}</td></tr>
+</table>
+</div>
+{{if .Rows}}<details><summary>history ({{len .Rows}} checkpoints, newest first)</summary>
+<table class="history"><tr><th>checkpoint</th><th>status</th><th>checkpoint size</th><th>full size</th><th>uploaded</th><th>reused</th><th>took</th><th>at</th></tr>
+{{range .Rows}}<tr><td>{{.Checkpoint}}</td><td class="status{{if ne .Status "completed"}} bad{{end}}">{{.Status}}</td><td>{{.Size}}</td><td>{{.Full}}</td><td>{{.Uploaded}}</td><td>{{.Reused}}</td><td>{{.Total}}</td><td>{{.At}}</td></tr>
+{{end}}</table></details>{{end}}
+</section>
+{{end}}
+{{if not .Tasks}}<section class="card"><div class="empty" id="no-tasks">no task has checkpointed yet</div></section>{{end}}
+</main>
+<footer>refreshes every 10 s · rendered {{.Now}}</footer>
+</body></html>
+{{define "chart"}}<svg class="chart" data-task="{{.Task}}" viewBox="0 0 {{.W}} {{.H}}" role="img" aria-label="checkpoint size and full size of the last {{.Count}} checkpoints of task {{.Task}}">
+<g class="legend" transform="translate({{.Left}},14)">
+<rect x="0" y="-9" width="12" height="10" rx="1" class="bar-swatch" fill="#3b6fb6"/><text x="17" y="0">checkpoint size (uploaded)</text>
+<line x1="190" y1="-4" x2="210" y2="-4" stroke="#e8772e" stroke-width="2"/><circle cx="200" cy="-4" r="3" fill="#e8772e"/><text x="216" y="0">full size (what a restore fetches)</text>
+{{if .AnyBad}}<path d="M420,-9 l5,9 l-10,0 z" fill="#d92d20"/><text x="431" y="0">failed / aborted</text>{{end}}
+</g>
+{{range .YTicks}}<line class="grid" x1="{{$.Left}}" x2="{{$.Right}}" y1="{{.Pos}}" y2="{{.Pos}}"/><text class="y-label" x="{{$.Left}}" dx="-6" y="{{.Pos}}" dy="4" text-anchor="end">{{.Label}}</text>
+{{end}}<line class="axis" x1="{{.Left}}" x2="{{.Right}}" y1="{{.Bottom}}" y2="{{.Bottom}}"/>
+{{range .XTicks}}<line class="axis" x1="{{.Pos}}" x2="{{.Pos}}" y1="{{$.Bottom}}" y2="{{$.TickEnd}}"/><text class="x-label" x="{{.Pos}}" y="{{$.Bottom}}" dy="15" text-anchor="middle">{{.Label}}</text>
+{{end}}<text class="axis-title" x="{{.Right}}" y="{{.H}}" dy="-4" text-anchor="end">checkpoint number →</text>
+{{range .Bars}}<rect class="bar" data-checkpoint="{{.Checkpoint}}" data-bytes="{{.Bytes}}" x="{{.X}}" y="{{.Y}}" width="{{.W}}" height="{{.H}}"><title>{{.Title}}</title></rect>
+{{end}}{{if .Line}}<polyline class="full-line" points="{{.Line}}"/>{{end}}
+{{range .Dots}}<circle class="full-dot" data-bytes="{{.Bytes}}" cx="{{.X}}" cy="{{.Y}}" r="{{if gt $.Count 40}}2{{else}}3.5{{end}}"><title>{{.Title}}</title></circle>
+{{end}}{{range .Marks}}<path class="mark mark-{{.Status}}" d="M{{.X}},{{.Y}} m0,-9 l5,9 l-10,0 z"><title>{{.Title}}</title></path>
+{{end}}{{range .Hits}}<rect class="hit" x="{{.X}}" y="{{$.Top}}" width="{{.W}}" height="{{$.PlotH}}"><title>{{.Title}}</title></rect>
+{{end}}</svg>{{end}}`))
