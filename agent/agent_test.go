@@ -533,3 +533,26 @@ func TestRetentionKeepsNewestAndRestartRebuildsFromStorage(t *testing.T) {
 		t.Fatal("checkpoint 4 after 5 was accepted")
 	}
 }
+
+func TestAHandedOffSnapshotIsMovedNotLinked(t *testing.T) {
+	h := start(t, nil, nil)
+	c := h.dial()
+	dir := h.snapshot("handoff", map[string]int{"000001.sst": 1000, "CURRENT": 10})
+	p, err := c.Send(ctxT(t), client.Request{Task: "t1", Checkpoint: 1, Dir: dir, Handoff: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Fatal("the handed-off snapshot dir is still there after synced")
+	}
+	ev, err := p.Wait(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ev.FilesUploaded != 2 || ev.FullSize != 1010 {
+		t.Fatalf("completed %+v", ev)
+	}
+	if _, err := os.Stat(filepath.Join(h.local, "job", "t1", fmt.Sprintf("%020d", 1), "000001.sst")); err != nil {
+		t.Fatalf("local copy of the handed-off snapshot: %v", err)
+	}
+}

@@ -116,7 +116,7 @@ func (a *Agent) checkpoint(c *conn, req Request) {
 	a.cfg.Telemetry.CheckpointStarted(ctx, req.Task)
 
 	_, syncSpan := telemetry.Tracer().Start(ctx, "sync")
-	snap, err := a.local.Link(req.Task, req.Checkpoint, dir)
+	snap, err := a.local.Take(req.Task, req.Checkpoint, dir, req.Handoff)
 	syncSpan.End()
 	if err != nil {
 		var bad *localrecovery.BadFileError
@@ -293,6 +293,15 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 // upload is the async phase proper: dedup, transfer, then the manifest.
 func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	ctx, req, t := ck.ctx, ck.req, ck.t
+	// The files themselves are checked now, before anything is read: the
+	// sync phase only looked at directory entries.
+	if err := ck.snap.Inspect(); err != nil {
+		var bad *localrecovery.BadFileError
+		if errors.As(err, &bad) {
+			return Event{}, errorf(CodeBadRequest, "%v", err)
+		}
+		return Event{}, err
+	}
 	if err := a.load(ctx, t); err != nil {
 		return Event{}, fmt.Errorf("read the task's checkpoints from storage: %w", err)
 	}

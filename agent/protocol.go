@@ -33,6 +33,10 @@ type Request struct {
 	Checkpoint uint64 `json:"checkpoint,omitempty"`
 	Dir        string `json:"dir,omitempty"`
 	Engine     string `json:"engine,omitempty"`
+	// Handoff gives dir to the agent: it may move the directory itself into
+	// its local store (one rename, whatever the number of files) instead of
+	// hard-linking each file. The app must not use dir after sending it.
+	Handoff bool `json:"handoff,omitempty"`
 	Target     string `json:"target,omitempty"`
 	// Traceparent is the app's W3C trace context, when it sends one.
 	Traceparent string `json:"traceparent,omitempty"`

@@ -216,9 +216,35 @@ type Pending struct {
 // error event (bad_request, conflict, unavailable, ...) is returned as an
 // *Error. Wait for the end with Pending.Wait.
 func (c *Client) Checkpoint(ctx context.Context, task string, n uint64, dir string, engine string) (*Pending, error) {
-	req := map[string]any{"op": "checkpoint", "task": task, "checkpoint": n, "dir": dir}
-	if engine != "" {
-		req["engine"] = engine
+	return c.Send(ctx, Request{Task: task, Checkpoint: n, Dir: dir, Engine: engine})
+}
+
+// Request is a checkpoint request with every option of the protocol.
+type Request struct {
+	Task       string
+	Checkpoint uint64
+	Dir        string
+	Engine     string
+	// Handoff gives Dir to the agent, which moves it into its local store
+	// in one rename instead of hard-linking each file: the app's pause no
+	// longer grows with the number of files. Dir is gone after synced.
+	Handoff bool
+	// Traceparent makes the agent's checkpoint span a child of the app's.
+	Traceparent string
+}
+
+// Send sends a checkpoint request and returns once the agent answers
+// synced; see Checkpoint.
+func (c *Client) Send(ctx context.Context, r Request) (*Pending, error) {
+	req := map[string]any{"op": "checkpoint", "task": r.Task, "checkpoint": r.Checkpoint, "dir": r.Dir}
+	if r.Engine != "" {
+		req["engine"] = r.Engine
+	}
+	if r.Handoff {
+		req["handoff"] = true
+	}
+	if r.Traceparent != "" {
+		req["traceparent"] = r.Traceparent
 	}
 	id, ch, err := c.send(req)
 	if err != nil {

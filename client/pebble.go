@@ -13,7 +13,9 @@ import (
 // makes a Pebble checkpoint with a flushed WAL in a fresh directory next to
 // the store (dbDir, so the SSTs are hard links on the same filesystem),
 // hands it to the agent as checkpoint n of task, and removes the directory
-// as soon as the agent answers synced. The app waits for exactly that long;
+// as soon as the agent answers synced; the directory is handed off, so the
+// agent moves it in one rename rather than linking each file. The app waits
+// for the Pebble checkpoint and that rename;
 // the upload goes on in the agent, and Pending.Wait returns its outcome.
 func (c *Client) CheckpointPebble(ctx context.Context, db *pebble.DB, dbDir, task string, n uint64) (*Pending, error) {
 	dir := filepath.Join(filepath.Dir(filepath.Clean(dbDir)), fmt.Sprintf(".%s.ckpt-%d", filepath.Base(dbDir), n))
@@ -23,6 +25,6 @@ func (c *Client) CheckpointPebble(ctx context.Context, db *pebble.DB, dbDir, tas
 	if err := db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return nil, fmt.Errorf("pebble checkpoint %d: %w", n, err)
 	}
-	defer os.RemoveAll(dir)
-	return c.Checkpoint(ctx, task, n, dir, "pebble")
+	defer os.RemoveAll(dir) // gone already when handed off; removed here when refused
+	return c.Send(ctx, Request{Task: task, Checkpoint: n, Dir: dir, Engine: "pebble", Handoff: true})
 }

@@ -194,3 +194,39 @@ func sum(b []byte) string {
 	h := sha256.Sum256(b)
 	return hex.EncodeToString(h[:])
 }
+
+func TestHandoffMovesTheDirectoryAndInspectChecksTheFiles(t *testing.T) {
+	base := t.TempDir()
+	s, _ := Open(filepath.Join(base, "local"), "job")
+	snap := filepath.Join(base, "snap")
+	write(t, snap, map[string]string{"000001.sst": "sst", "CURRENT": "cur"})
+	before := ino(t, filepath.Join(snap, "000001.sst"))
+	sn, err := s.Take("t", 1, snap, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !sn.HandedOff {
+		t.Fatal("the directory was not handed off")
+	}
+	if _, err := os.Stat(snap); !os.IsNotExist(err) {
+		t.Fatal("the handed-off directory is still where the app left it")
+	}
+	if err := sn.Inspect(); err != nil {
+		t.Fatal(err)
+	}
+	if len(sn.Files) != 2 || ino(t, sn.Path("000001.sst")) != before {
+		t.Fatalf("files after handoff: %+v", sn.Files)
+	}
+	// A file swapped for a symlink after the sync phase fails the inspection.
+	snap2 := filepath.Join(base, "snap2")
+	write(t, snap2, map[string]string{"000002.sst": "sst"})
+	sn2, err := s.Take("t", 2, snap2, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(sn2.Path("000002.sst"))
+	os.Symlink("/etc/passwd", sn2.Path("000002.sst"))
+	if _, ok := sn2.Inspect().(*BadFileError); !ok {
+		t.Fatal("a symlink slipped in after the sync phase passed inspection")
+	}
+}
