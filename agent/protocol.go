@@ -36,8 +36,8 @@ type Request struct {
 	// Handoff gives dir to the agent: it may move the directory itself into
 	// its local store (one rename, whatever the number of files) instead of
 	// hard-linking each file. The app must not use dir after sending it.
-	Handoff bool `json:"handoff,omitempty"`
-	Target     string `json:"target,omitempty"`
+	Handoff bool   `json:"handoff,omitempty"`
+	Target  string `json:"target,omitempty"`
 	// Traceparent is the app's W3C trace context, when it sends one.
 	Traceparent string `json:"traceparent,omitempty"`
 }
