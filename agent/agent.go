@@ -372,15 +372,33 @@ func (a *Agent) restore(ctx context.Context, c *conn, req Request) {
 		c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Error: errorf(CodeUnavailable, "this agent does not serve restores")})
 		return
 	}
+	// The target is confined like a checkpoint dir: it need not exist, but
+	// its parent must resolve inside an allowed root.
+	parent, perr := a.resolveDir(filepath.Dir(filepath.Clean(req.Target)))
+	if perr != nil {
+		c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: perr})
+		return
+	}
+	target := filepath.Join(parent, filepath.Base(filepath.Clean(req.Target)))
+	if fi, err := os.Lstat(target); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+			Error: errorf(CodeBadRequest, "target %s is a symlink", req.Target)})
+		return
+	}
 	a.jobs.Add(1)
 	go func() {
 		defer a.jobs.Done()
-		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, req.Target)
+		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, target)
 		if err != nil {
 			code := CodeInternal
 			var pe *Error
-			if errors.As(err, &pe) {
+			switch {
+			case errors.As(err, &pe):
 				code = pe.Code
+			case errors.Is(err, restore.ErrNoCheckpoint):
+				code = CodeNotFound
+			case errors.Is(err, restore.ErrTargetNotEmpty):
+				code = CodeConflict
 			}
 			c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &Error{Code: code, Message: err.Error()}})
 			return

@@ -20,6 +20,7 @@ import (
 
 	"ckpt/client"
 	"ckpt/manifests"
+	"ckpt/restore"
 	"ckpt/storage"
 	"ckpt/storage/file"
 )
@@ -554,5 +555,45 @@ func TestAHandedOffSnapshotIsMovedNotLinked(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(h.local, "job", "t1", fmt.Sprintf("%020d", 1), "000001.sst")); err != nil {
 		t.Fatalf("local copy of the handed-off snapshot: %v", err)
+	}
+}
+
+func TestTheRestoreOpRestoresInsideTheRootsOnly(t *testing.T) {
+	var h *harness
+	h = start(t, nil, func(c *Config) {
+		c.Restore = func(ctx context.Context, task string, n uint64, target string) (any, error) {
+			return restore.Run(ctx, restore.Options{Store: h.store, Job: "job", Task: task, Checkpoint: n, Target: target, LocalDir: h.local})
+		}
+	})
+	c := h.dial()
+	dir := h.snapshot("s", map[string]int{"000001.sst": 5000, "CURRENT": 10})
+	p, err := c.Checkpoint(ctxT(t), "t1", 1, dir, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	r := h.raw()
+	target := filepath.Join(h.root, "restored")
+	ev := r.send(`{"op":"restore","task":"t1","target":"` + target + `","id":"r1"}`)
+	if ev["event"] != "restored" || ev["restored"] != true || ev["checkpoint"] != float64(1) || ev["bytes"] != float64(5010) || ev["id"] != "r1" {
+		t.Fatalf("restore op: %v", ev)
+	}
+	if b, _ := os.ReadFile(filepath.Join(target, "CURRENT")); len(b) != 10 {
+		t.Fatal("restored store lacks CURRENT")
+	}
+	if ev := r.send(`{"op":"restore","task":"t1","target":"` + target + `"}`); code(ev) != CodeConflict {
+		t.Fatalf("restore into a non-empty target: %v", ev)
+	}
+	if ev := r.send(`{"op":"restore","task":"nobody","target":"` + filepath.Join(h.root, "x") + `"}`); code(ev) != CodeNotFound {
+		t.Fatalf("restore of a task without checkpoints: %v", ev)
+	}
+	outside := filepath.Join(t.TempDir(), "evil")
+	if ev := r.send(`{"op":"restore","task":"t1","target":"` + outside + `"}`); code(ev) != CodeBadRequest {
+		t.Fatalf("restore outside the roots: %v", ev)
+	}
+	if _, err := os.Stat(outside); !os.IsNotExist(err) {
+		t.Fatal("a refused restore wrote outside the roots")
 	}
 }
