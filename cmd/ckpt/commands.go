@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sort"
 	"text/tabwriter"
 	"time"
 
@@ -98,7 +99,15 @@ func runList(ctx context.Context, args []string) error {
 		out = append(out, listEntry{r.Task, r.Checkpoint, m.Created, m.CheckpointSize, m.FullSize, len(m.Files), m.FilesUploaded, m.FilesReused})
 	}
 	// Oldest first, across tasks.
-	sortEntries(out)
+	sort.SliceStable(out, func(i, j int) bool {
+		if !out[i].Created.Equal(out[j].Created) {
+			return out[i].Created.Before(out[j].Created)
+		}
+		if out[i].Task != out[j].Task {
+			return out[i].Task < out[j].Task
+		}
+		return out[i].Checkpoint < out[j].Checkpoint
+	})
 	if *asJSON {
 		return printJSON(out)
 	}

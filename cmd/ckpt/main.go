@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 
@@ -98,7 +97,6 @@ func printUsage(w io.Writer, cmds []command) {
 	fmt.Fprintln(w, "ckpt: incremental checkpoints of LSM stores to object storage, with local recovery.")
 	fmt.Fprintln(w, "\nUsage: ckpt <command> [flags]   (ckpt <command> --help for its flags)")
 	fmt.Fprintln(w, "\nCommands:")
-	sort.SliceStable(cmds, func(i, j int) bool { return false })
 	for _, c := range cmds {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
