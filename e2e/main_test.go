@@ -95,15 +95,24 @@ func (b *lockedBuffer) String() string {
 // agentConfig is the command line of one agent process.
 type agentConfig struct {
 	Socket     string
-	StorageDir string
+	StorageDir string // file:// storage in this directory, unless Storage is set
+	Storage    string // storage URL (overrides StorageDir)
+	Env        []string
 	Job        string
 	LocalDir   string
 	AllowRoots []string
 	Extra      []string // more flags
 }
 
+func (c agentConfig) storageURL() string {
+	if c.Storage != "" {
+		return c.Storage
+	}
+	return "file://" + c.StorageDir
+}
+
 func (c agentConfig) args() []string {
-	args := []string{"agent", "--socket", c.Socket, "--storage", "file://" + c.StorageDir,
+	args := []string{"agent", "--socket", c.Socket, "--storage", c.storageURL(),
 		"--job", c.Job, "--local-dir", c.LocalDir, "--log-level", "debug"}
 	for _, r := range c.AllowRoots {
 		args = append(args, "--allow-root", r)
@@ -129,6 +138,7 @@ func launchAgent(t *testing.T, name string, cfg agentConfig) *agentProc {
 	t.Helper()
 	a := &agentProc{t: t, name: name, cfg: cfg, stderr: &lockedBuffer{}, exited: make(chan struct{})}
 	a.cmd = exec.Command(ckptBin, cfg.args()...)
+	a.cmd.Env = childEnv(cfg.Env)
 	a.cmd.Stdout = a.stderr
 	a.cmd.Stderr = a.stderr
 	if err := a.cmd.Start(); err != nil {
@@ -259,12 +269,29 @@ type cliResult struct {
 	Elapsed        time.Duration
 }
 
+// childEnv is the environment of a ckpt process: the test's, plus env
+// (whose entries win).
+func childEnv(env []string) []string {
+	if len(env) == 0 {
+		return nil
+	}
+	return append(os.Environ(), env...)
+}
+
 // runCkpt runs the ckpt binary with args, bounded to two minutes.
 func runCkpt(t *testing.T, args ...string) cliResult {
+	t.Helper()
+	return runCkptEnv(t, nil, args...)
+}
+
+// runCkptEnv runs the ckpt binary with args and env added to the
+// environment, bounded to two minutes.
+func runCkptEnv(t *testing.T, env []string, args ...string) cliResult {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, ckptBin, args...)
+	cmd.Env = childEnv(env)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	start := time.Now()
@@ -288,7 +315,13 @@ func runCkpt(t *testing.T, args ...string) cliResult {
 // output into v.
 func ckptJSON(t *testing.T, v any, args ...string) cliResult {
 	t.Helper()
-	res := runCkpt(t, args...)
+	return ckptJSONEnv(t, nil, v, args...)
+}
+
+// ckptJSONEnv is ckptJSON with env added to the environment.
+func ckptJSONEnv(t *testing.T, env []string, v any, args ...string) cliResult {
+	t.Helper()
+	res := runCkptEnv(t, env, args...)
 	if res.Code != 0 {
 		t.Fatalf("ckpt %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), res.Code, res.Stdout, res.Stderr)
 	}
@@ -401,6 +434,13 @@ func readManifest(t *testing.T, storageDir, job, task string, n uint64) storedMa
 	if err != nil {
 		t.Fatalf("read manifest: %v", err)
 	}
+	return parseManifest(t, key, data)
+}
+
+// parseManifest checks a manifest's envelope and decodes the fields of its
+// body the tests check, independently of the manifests package.
+func parseManifest(t *testing.T, key string, data []byte) storedManifest {
+	t.Helper()
 	var env manifestEnvelope
 	if err := json.Unmarshal(data, &env); err != nil {
 		t.Fatalf("manifest %s: %v", key, err)
