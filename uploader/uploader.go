@@ -69,6 +69,11 @@ type Result struct {
 // manifest entries only when every object they name is durable in storage.
 // On error (including ctx cancellation) objects written so far stay behind
 // as orphans for GC: they are never referenced by a manifest.
+//
+// Each file goes through one pipeline in its own worker: identify (the
+// inode index, or a streaming SHA-256), decide (reuse a confirmed object,
+// or claim the upload of its content), transfer. Hashing one file overlaps
+// the upload of another; no phase waits for all files.
 func Upload(ctx context.Context, req Request) (*Result, error) {
 	if req.Concurrency < 1 {
 		req.Concurrency = 4
@@ -77,131 +82,102 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 		req.InlineMax = DefaultInlineMax
 	}
 	sn := req.Snapshot
-	files := make([]manifests.File, len(sn.Files))
-	var hashed atomic.Int64
-	var hashesReused atomic.Int64
+	res := &Result{Files: make([]manifests.File, len(sn.Files))}
+	var mu sync.Mutex // guards res counters and claimed
+	claimed := map[string]bool{}
+	// Each upload gets a span, up to maxSpans of them: a checkpoint of
+	// thousands of files should not flood the trace.
+	const maxSpans = 32
+	var spans atomic.Int64
+	tracer := telemetry.Tracer()
 
-	// Phase 1: the identity of every file: hashes of shared files (from the
-	// inode index or by reading them), inline bytes of small private files.
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(req.Concurrency)
 	for i, lf := range sn.Files {
-		files[i] = manifests.File{Name: lf.Name, Kind: manifests.Classify(lf.Name), Size: lf.Size}
-		f := &files[i]
+		f := &res.Files[i]
+		*f = manifests.File{Name: lf.Name, Kind: manifests.Classify(lf.Name), Size: lf.Size}
 		g.Go(func() error {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
+			path := sn.Path(lf.Name)
+			var key string
 			switch {
 			case f.Kind == manifests.Shared:
 				if sha, ok := req.Hashes[lf.ID()]; ok {
 					f.SHA256 = sha
-					hashesReused.Add(1)
-					return nil
+					mu.Lock()
+					res.HashesReused++
+					mu.Unlock()
+				} else {
+					sha, err := hashFile(gctx, path, lf.Size)
+					if err != nil {
+						return err
+					}
+					f.SHA256 = sha
+					mu.Lock()
+					res.BytesHashed += lf.Size
+					mu.Unlock()
 				}
-				sha, err := hashFile(gctx, sn.Path(lf.Name), lf.Size)
-				if err != nil {
-					return err
+				f.Key = manifests.SharedKey(req.Job, f.SHA256, f.Size)
+				id := f.ContentID()
+				mu.Lock()
+				confirmed, ok := req.Confirmed[id]
+				switch {
+				case ok && !req.Full && confirmed == f.Key:
+					res.FilesReused++
+				case claimed[id]: // same bytes as another file of this snapshot
+					res.FilesReused++
+				default:
+					claimed[id] = true
+					f.Uploaded = true
+					res.FilesUploaded++
+					key = f.Key
 				}
-				hashed.Add(lf.Size)
-				f.SHA256 = sha
+				mu.Unlock()
 			case lf.Size <= req.InlineMax:
-				data, err := readSmall(sn.Path(lf.Name), lf.Size)
+				data, err := readSmall(path, lf.Size)
 				if err != nil {
 					return err
 				}
 				sum := sha256.Sum256(data)
-				f.SHA256, f.Inline = hex.EncodeToString(sum[:]), data
+				f.SHA256, f.Inline, f.Uploaded = hex.EncodeToString(sum[:]), data, true
 				if f.Inline == nil {
 					f.Inline = []byte{}
 				}
-			}
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-
-	// Phase 2: decide. Each distinct new shared content is uploaded once.
-	res := &Result{BytesHashed: hashed.Load(), HashesReused: int(hashesReused.Load())}
-	type job struct {
-		idx int
-		key string
-	}
-	var jobs []job
-	planned := map[string]bool{}
-	for i := range files {
-		f := &files[i]
-		switch {
-		case f.Kind == manifests.Shared:
-			id := f.ContentID()
-			f.Key = manifests.SharedKey(req.Job, f.SHA256, f.Size)
-			if key, ok := req.Confirmed[id]; ok && !req.Full && key == f.Key {
-				res.FilesReused++
-				continue
-			}
-			if planned[id] {
-				res.FilesReused++ // same bytes as another file of this snapshot
-				continue
-			}
-			planned[id] = true
-			f.Uploaded = true
-			res.FilesUploaded++
-			jobs = append(jobs, job{i, f.Key})
-		case f.Inline != nil:
-			f.Uploaded = true
-			res.FilesUploaded++
-		default:
-			f.Key = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
-			f.Uploaded = true
-			res.FilesUploaded++
-			jobs = append(jobs, job{i, f.Key})
-		}
-	}
-
-	// Phase 3: transfer. Each upload gets a span, up to maxSpans of them:
-	// a checkpoint of thousands of files should not flood the trace.
-	const maxSpans = 32
-	tracer := telemetry.Tracer()
-	var written atomic.Int64
-	var mu sync.Mutex // guards files[].SHA256 of private objects
-	g, gctx = errgroup.WithContext(ctx)
-	g.SetLimit(req.Concurrency)
-	for i, j := range jobs {
-		f := &files[j.idx]
-		name, size, want := f.Name, f.Size, f.SHA256
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
-			}
-			ctx := gctx
-			if i < maxSpans {
-				var span trace.Span
-				ctx, span = tracer.Start(gctx, "upload.object", trace.WithAttributes(
-					attribute.String("ckpt.file", name), attribute.Int64("ckpt.size", size)))
-				defer span.End()
-			}
-			sha, err := putFile(ctx, req.Store, j.key, sn.Path(name), size)
-			if err != nil {
-				return fmt.Errorf("upload %s: %w", name, err)
-			}
-			if want != "" && sha != "" && sha != want {
-				return fmt.Errorf("upload %s: the file changed while it was being checkpointed (sha256 %s, then %s); snapshot files must be immutable", name, want, sha)
-			}
-			if want == "" {
-				if sha == "" { // the backend read the body in a way we could not follow
-					if sha, err = hashFile(gctx, sn.Path(name), size); err != nil {
-						return err
-					}
-				}
 				mu.Lock()
-				f.SHA256 = sha
+				res.FilesUploaded++
+				mu.Unlock()
+			default:
+				f.Key = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
+				f.Uploaded = true
+				key = f.Key
+				mu.Lock()
+				res.FilesUploaded++
 				mu.Unlock()
 			}
-			written.Add(size)
+			if key == "" {
+				return nil
+			}
+			uctx := gctx
+			if spans.Add(1) <= maxSpans {
+				var span trace.Span
+				uctx, span = tracer.Start(gctx, "upload.object", trace.WithAttributes(
+					attribute.String("ckpt.file", f.Name), attribute.Int64("ckpt.size", f.Size)))
+				defer span.End()
+			}
+			sha, err := putFile(uctx, req.Store, key, path, lf, f.SHA256 == "")
+			if err != nil {
+				return fmt.Errorf("upload %s: %w", f.Name, err)
+			}
+			if f.SHA256 == "" {
+				f.SHA256 = sha
+			}
+			mu.Lock()
+			res.BytesWritten += f.Size
+			mu.Unlock()
 			if req.OnUpload != nil {
-				req.OnUpload(j.key, size)
+				req.OnUpload(key, f.Size)
 			}
 			return nil
 		})
@@ -209,8 +185,6 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	res.Files = files
-	res.BytesWritten = written.Load()
 	return res, nil
 }
 
@@ -261,20 +235,48 @@ func readSmall(path string, size int64) ([]byte, error) {
 	return data, nil
 }
 
-// putFile uploads a file and returns the SHA-256 of the bytes the backend
-// read in its last full pass, or "" when it did not read in one pass.
-func putFile(ctx context.Context, s storage.Store, key, path string, size int64) (string, error) {
+// putFile uploads a file. With hashing, it returns the SHA-256 of the
+// bytes the backend read in its last full pass (private files are hashed
+// as they go up), re-reading the file if the backend did not read it in one
+// pass. It fails if the file is not the one the snapshot listed, or was
+// written during the upload (its size or mtime moved): immutable files are
+// not, and a content-addressed key must name exactly the bytes stored.
+// (ctime is no witness: every hard link the app's next snapshot makes to
+// the same inode moves it.)
+func putFile(ctx context.Context, s storage.Store, key, path string, lf localrecovery.File, hashing bool) (string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
 	}
 	defer f.Close()
-	hr := &hashingReader{r: f, h: sha256.New(), valid: true}
-	if err := s.Put(ctx, key, hr, size); err != nil {
+	before, err := f.Stat()
+	if err != nil {
 		return "", err
 	}
-	if !hr.valid || hr.pos != size {
+	if before.Size() != lf.Size || before.ModTime().UnixNano() != lf.ModTime {
+		return "", fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", path)
+	}
+	var body io.ReadSeeker = f
+	var hr *hashingReader
+	if hashing {
+		hr = &hashingReader{r: f, h: sha256.New(), valid: true}
+		body = hr
+	}
+	if err := s.Put(ctx, key, body, lf.Size); err != nil {
+		return "", err
+	}
+	after, err := f.Stat()
+	if err != nil {
+		return "", err
+	}
+	if after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
+		return "", fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", path)
+	}
+	if !hashing {
 		return "", nil
+	}
+	if !hr.valid || hr.pos != lf.Size {
+		return hashFile(ctx, path, lf.Size)
 	}
 	return hex.EncodeToString(hr.h.Sum(nil)), nil
 }
