@@ -1,0 +1,370 @@
+// Package bench is `ckpt bench`: a harness that measures ckpt on a real
+// Pebble store under a keyed-state workload against the baselines users
+// would pick instead (full checkpoints, rclone, restic, RocksDB's
+// BackupEngine through ldb) on the same data and the same storage, in one
+// run, and checks each figure against its target.
+//
+// Without a storage URL it starts versitygw (an S3 server over a local
+// directory) on 127.0.0.1, since the throughput targets are stated against
+// an S3 server. Every figure is a ratio or a latency measured side by side
+// in the same run, so a noisy shared machine moves both sides alike.
+//
+// What it runs, in order:
+//
+//  1. the workload loads StateBytes, then Checkpoints rounds at Churn, each
+//     followed by one Pebble checkpoint sent to two in-process agents: an
+//     incremental one and one forced to upload everything (Full): write
+//     amplification and the incremental/full ratios of bytes and duration;
+//  2. the last checkpoint restored from the local copy and from storage
+//     alone, each verified key by key;
+//  3. the workload's write rate with a checkpoint every interval against
+//     none (phases off, on, on, off);
+//  4. one Pebble checkpoint of the store uploaded and restored by ckpt,
+//     rclone and restic; a RocksDB store of the same keys and values backed
+//     up and restored by ldb (to a local directory: ldb cannot reach S3);
+//  5. 1.5% added to the state and checkpointed end to end by ckpt, then
+//     copied by rclone and backed up by restic on top of step 4;
+//  6. the app's pause (request sent to synced read) at 1,000 and 10,000
+//     files in a snapshot;
+//  7. a separate `ckpt agent` process uploading a large checkpoint
+//     (StateBytes of production-sized files), its peak RSS sampled from
+//     /proc/<pid>/status.
+package bench
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"ckpt/agent"
+	"ckpt/client"
+	"ckpt/storage"
+	_ "ckpt/storage/file" // file:// storage
+	_ "ckpt/storage/gs"   // gs:// storage
+	"ckpt/storage/retry"
+	"ckpt/workload"
+)
+
+// Options configures a run. Zero values take the documented defaults.
+type Options struct {
+	// Storage is the storage URL; "" starts versitygw on loopback.
+	Storage string
+	// StateBytes is the workload's live state (default 64 MiB; quick 8 MiB).
+	// It also sizes the large checkpoint of the memory figure.
+	StateBytes int64
+	// Churn is the fraction of keys overwritten per round (default 0.01).
+	Churn float64
+	// Checkpoints is the number of incremental checkpoints (default 10; quick 3).
+	Checkpoints int
+	// Quick scales everything down to run in seconds (a smoke test).
+	Quick bool
+	// Only limits the run to these sections (default all): incremental,
+	// restore, app, peers, e2e, pause, memory.
+	Only []string
+	// AgentExe is the ckpt binary run as `ckpt agent` for the memory figure
+	// (default os.Executable()).
+	AgentExe string
+	// AgentMetricsAddr, when set, makes that agent serve /metrics and
+	// /debug/pprof/ there (to profile it while it uploads).
+	AgentMetricsAddr string
+	// Dir is the scratch directory (default a temporary one, removed).
+	Dir string
+	// Seed makes the workload reproducible (default 1).
+	Seed uint64
+	// Log receives progress lines (default: discarded).
+	Log io.Writer
+}
+
+// Sections, in the order they run.
+var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory"}
+
+func (o *Options) defaults() error {
+	if o.StateBytes == 0 {
+		o.StateBytes = 64 << 20
+		if o.Quick {
+			o.StateBytes = 8 << 20
+		}
+	}
+	if o.Churn == 0 {
+		o.Churn = 0.01
+	}
+	if o.Checkpoints == 0 {
+		o.Checkpoints = 10
+		if o.Quick {
+			o.Checkpoints = 3
+		}
+	}
+	if o.Seed == 0 {
+		o.Seed = 1
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	switch {
+	case o.StateBytes < 1<<20:
+		return fmt.Errorf("state bytes must be at least 1 MiB, got %d", o.StateBytes)
+	case o.Churn <= 0 || o.Churn > 1:
+		return fmt.Errorf("churn must be in (0, 1], got %g", o.Churn)
+	case o.Checkpoints < 2:
+		return fmt.Errorf("checkpoints must be at least 2 (the first one is a full upload either way), got %d", o.Checkpoints)
+	}
+	for _, s := range o.Only {
+		found := false
+		for _, k := range Sections {
+			found = found || s == k
+		}
+		if !found {
+			return fmt.Errorf("unknown section %q (known: %s)", s, strings.Join(Sections, ", "))
+		}
+	}
+	if o.AgentExe == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("find the ckpt binary to run as an agent: %w", err)
+		}
+		o.AgentExe = exe
+	}
+	return nil
+}
+
+func (o *Options) runs(section string) bool {
+	if len(o.Only) == 0 {
+		return true
+	}
+	for _, s := range o.Only {
+		if s == section {
+			return true
+		}
+	}
+	return false
+}
+
+// run is the state of one bench run.
+type run struct {
+	o     Options
+	root  string
+	tgt   *target
+	id    string // run id: job names and peer paths carry it
+	rep   *Report
+	start time.Time
+
+	// The workload's store and the incremental agent, shared by the
+	// sections that need a real store (ensureStore opens them).
+	w    *workload.Workload
+	inc  *inproc
+	next uint64 // the next checkpoint number of the incremental agent
+	x    *xfer  // the transfer section's state, for the end-to-end one
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(r.o.Log, "[%6.1fs] "+format+"\n", append([]any{time.Since(r.start).Seconds()}, args...)...)
+}
+
+// Run runs the bench and returns its report. Sections that fail record
+// their error in the report (Report.Errors) and the others go on; Run
+// returns an error only when it cannot start at all, or when a restore did
+// not verify (then with the report).
+func Run(ctx context.Context, o Options) (*Report, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	r := &run{o: o, start: time.Now(), id: time.Now().UTC().Format("20060102t150405")}
+	r.rep = newReport(o)
+	root := o.Dir
+	if root == "" {
+		d, err := os.MkdirTemp("", "ckpt-bench-")
+		if err != nil {
+			return nil, err
+		}
+		defer os.RemoveAll(d)
+		root = d
+	} else if err := os.MkdirAll(root, 0o755); err != nil {
+		return nil, err
+	}
+	root, err := filepath.EvalSymlinks(root)
+	if err != nil {
+		return nil, err
+	}
+	r.root = root
+
+	if o.Storage == "" {
+		r.logf("starting versitygw")
+		r.tgt, err = startVersitygw(ctx, root)
+	} else {
+		r.tgt, err = openTarget(ctx, o.Storage)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer r.tgt.stop()
+	r.rep.Config.Storage = r.tgt.desc
+	// Probe once: a storage that cannot be reached fails the run at once.
+	st, err := r.tgt.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	st.Close()
+
+	sections := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"incremental", r.incremental},
+		{"app", r.appThroughput},
+		{"peers", r.peers},
+		{"e2e", r.endToEnd},
+		{"pause", r.pause},
+		{"memory", r.memory},
+	}
+	for _, s := range sections {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if !o.runs(s.name) && !(s.name == "incremental" && o.runs("restore")) {
+			continue
+		}
+		r.logf("section %s", s.name)
+		if err := s.fn(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			r.rep.Errors = append(r.rep.Errors, fmt.Sprintf("%s: %v", s.name, err))
+			r.logf("section %s failed: %v", s.name, err)
+		}
+	}
+	r.closeStore()
+	r.cleanupStorage(ctx)
+	r.rep.finish()
+	r.rep.DurationS = time.Since(r.start).Seconds()
+	if rs := r.rep.Restore; rs != nil && (!rs.LocalVerified || !rs.RemoteVerified) {
+		return r.rep, fmt.Errorf("a restore did not verify: %s", rs.Error)
+	}
+	return r.rep, nil
+}
+
+// inproc is an agent running in this process on a counting store.
+type inproc struct {
+	client   *client.Client
+	count    *counting
+	store    storage.Store
+	localDir string
+	job      string
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+// startAgent starts an in-process agent for job on the target, with its
+// local dir and socket under root/name.
+func (r *run) startAgent(ctx context.Context, name string, full bool) (*inproc, error) {
+	dir := filepath.Join(r.root, "agents", name)
+	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
+		return nil, err
+	}
+	base, err := r.tgt.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c := &counting{Store: retry.New(base, retry.Options{MaxAttempts: 4})}
+	sock, err := shortSocket(dir)
+	if err != nil {
+		base.Close()
+		return nil, err
+	}
+	job := "bench-" + r.id + "-" + name
+	a, err := agent.New(agent.Config{
+		Socket: sock, Store: c, Job: job, LocalDir: filepath.Join(dir, "local"),
+		AllowRoots: []string{r.root}, Retain: 2, Full: full, ShutdownGrace: 5 * time.Second,
+		Version: "bench", Logger: slog.New(slog.DiscardHandler), MaxQueued: 16,
+	})
+	if err != nil {
+		base.Close()
+		return nil, err
+	}
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	p := &inproc{count: c, store: c, localDir: filepath.Join(dir, "local"), job: job, cancel: cancel, done: make(chan error, 1)}
+	go func() { p.done <- a.Run(actx) }()
+	select {
+	case <-a.Ready():
+	case err := <-p.done:
+		cancel()
+		base.Close()
+		return nil, fmt.Errorf("start agent: %w", err)
+	}
+	if p.client, err = client.Dial(ctx, sock); err != nil {
+		p.stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *inproc) stop() {
+	if p.client != nil {
+		p.client.Close()
+	}
+	p.cancel()
+	<-p.done
+	p.store.Close()
+}
+
+// shortSocket returns a socket path that fits sun_path.
+func shortSocket(dir string) (string, error) {
+	p := filepath.Join(dir, "a.sock")
+	if len(p) < 100 {
+		return p, nil
+	}
+	d, err := os.MkdirTemp("", "ckpt-bench-sock-")
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(d, "a.sock"), nil
+}
+
+// cleanupStorage deletes what the run wrote to a storage the user gave
+// (a self-started server goes away with its directory).
+func (r *run) cleanupStorage(ctx context.Context) {
+	if r.o.Storage == "" {
+		return
+	}
+	st, err := r.tgt.open(ctx)
+	if err != nil {
+		return
+	}
+	defer st.Close()
+	var keys []string
+	st.List(ctx, "bench-"+r.id+"-", func(oi storage.ObjectInfo) error {
+		keys = append(keys, oi.Key)
+		return nil
+	})
+	for len(keys) > 0 {
+		n := min(len(keys), 1000)
+		if err := st.Delete(ctx, keys[:n]...); err != nil {
+			r.logf("cleanup: %v", err)
+			break
+		}
+		keys = keys[n:]
+	}
+	if r.tgt.kind == "file" {
+		os.RemoveAll(filepath.Join(r.tgt.dir, "bench-"+r.id+"-peers"))
+	}
+}
+
+// closeStore stops the incremental agent and closes the workload's store.
+func (r *run) closeStore() {
+	if r.x != nil && r.x.agent != nil {
+		r.x.agent.stop()
+		r.x.agent = nil
+	}
+	if r.inc != nil {
+		r.inc.stop()
+		r.inc = nil
+	}
+	if r.w != nil {
+		r.w.Close()
+		r.w = nil
+	}
+}

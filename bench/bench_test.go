@@ -1,0 +1,115 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestQuickRunReportsEveryFigureAndVerifiesRestores runs the bench in
+// quick mode against the S3 server it starts itself and checks the report
+// for correctness only: every figure present, every restore verified,
+// every peer either measured or reported missing. It asserts nothing about
+// time: machines here are shared and noisy.
+func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: the bench starts versitygw and a ckpt agent process")
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	root := repoRootFrom(wd)
+	if root == "" {
+		t.Fatal("no go.mod above the test's directory")
+	}
+	exe := filepath.Join(t.TempDir(), "ckpt")
+	build := exec.Command("go", "build", "-o", exe, "./cmd/ckpt")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/ckpt: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	var log bytes.Buffer
+	rep, err := Run(ctx, Options{Quick: true, AgentExe: exe, Dir: t.TempDir(), Log: &log})
+	if err != nil {
+		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
+	}
+	if len(rep.Errors) > 0 {
+		t.Fatalf("sections failed: %v\nlog:\n%s", rep.Errors, log.String())
+	}
+
+	if got, want := len(rep.Series), rep.Config.Checkpoints; got != want {
+		t.Errorf("series has %d checkpoints, want %d", got, want)
+	}
+	for _, s := range rep.Series {
+		if s.BytesWritten <= 0 || s.FullBytesWritten < s.FullSize || s.NewBytes <= 0 {
+			t.Errorf("checkpoint %d: written %d, full agent wrote %d of a %d-byte snapshot, new %d", s.Checkpoint, s.BytesWritten, s.FullBytesWritten, s.FullSize, s.NewBytes)
+		}
+	}
+	if rs := rep.Restore; rs == nil || !rs.LocalVerified || !rs.RemoteVerified || rs.BytesLocal == 0 || rs.BytesRemote == 0 {
+		t.Errorf("restores: %+v, want both verified, the local one from the local copy", rs)
+	}
+	if len(rep.Pause) != 4 {
+		t.Errorf("pause figures: %+v, want 1,000 and 10,000 files, each with handoff and links", rep.Pause)
+	}
+	rclone := false
+	if rep.Transfer == nil {
+		t.Fatal("no transfer figures")
+	}
+	names := map[string]bool{}
+	for _, tl := range rep.Transfer.Tools {
+		names[strings.Fields(tl.Tool)[0]] = true
+		switch {
+		case !tl.Available && tl.Reason == "":
+			t.Errorf("%s: missing without a reason", tl.Tool)
+		case tl.Available && (!tl.RestoreVerified || tl.UploadMS <= 0 || tl.RestoreMS <= 0):
+			t.Errorf("%s: available but not measured and verified: %+v", tl.Tool, tl)
+		}
+		if tl.Tool == "rclone" && tl.Available {
+			rclone = true
+		}
+	}
+	for _, n := range []string{"ckpt", "rclone", "restic", "ldb"} {
+		if !names[n] {
+			t.Errorf("tool %s is not in the report (a missing peer must be reported as missing)", n)
+		}
+	}
+	if e := rep.EndToEnd; e == nil || e.CkptMS <= 0 || len(e.Peers) != 2 || !e.Scaled {
+		t.Errorf("end to end: %+v", e)
+	}
+	if m := rep.Memory; m == nil || m.PeakRSSBytes <= 0 {
+		t.Errorf("memory: %+v", m)
+	}
+	for _, tg := range rep.Targets {
+		if !tg.Measured && !(strings.Contains(tg.Name, "rclone") && !rclone) {
+			t.Errorf("target %q not measured", tg.Name)
+		}
+	}
+
+	// The JSON is one object holding every figure.
+	b, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"amplification", "incremental_vs_full", "local_vs_remote_restore", "app_throughput", "transfer", "end_to_end", "pause", "memory", "series", "targets"} {
+		if m[k] == nil {
+			t.Errorf("JSON has no %q", k)
+		}
+	}
+	var out bytes.Buffer
+	if err := rep.Print(&out); err != nil || !strings.Contains(out.String(), "FIGURE") {
+		t.Errorf("human report: %v\n%s", err, out.String())
+	}
+}

@@ -1,0 +1,292 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"ckpt/client"
+	"ckpt/restore"
+	"ckpt/workload"
+)
+
+const task = "bench-0"
+
+// ensureStore opens the workload's store, loads it (round 1) and starts
+// the incremental agent, once.
+func (r *run) ensureStore(ctx context.Context) error {
+	if r.w != nil {
+		return nil
+	}
+	w, err := workload.Open(filepath.Join(r.root, "store"), workload.Options{Seed: r.o.Seed, StateBytes: r.o.StateBytes, Churn: r.o.Churn})
+	if err != nil {
+		return err
+	}
+	r.w = w
+	r.logf("loading %s into Pebble", human(r.o.StateBytes))
+	if _, err := w.Round(ctx); err != nil {
+		return fmt.Errorf("load the state: %w", err)
+	}
+	if r.inc, err = r.startAgent(ctx, "inc", false); err != nil {
+		return err
+	}
+	r.next = 1
+	return nil
+}
+
+// snapFile is one file of a snapshot directory.
+type snapFile struct {
+	name string
+	size int64
+}
+
+func isShared(name string) bool {
+	return strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob")
+}
+
+// snapshot flushes the memtable and makes a Pebble checkpoint (with the
+// flushed WAL) in a fresh dir, as client.CheckpointPebble does, and lists it.
+func (r *run) snapshot(dir string) ([]snapFile, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
+	}
+	if err := r.w.DB().Flush(); err != nil {
+		return nil, fmt.Errorf("flush: %w", err)
+	}
+	if err := r.w.DB().Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return nil, fmt.Errorf("pebble checkpoint: %w", err)
+	}
+	return listDir(dir)
+}
+
+func listDir(dir string) ([]snapFile, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []snapFile
+	for _, e := range entries {
+		fi, err := e.Info()
+		if err != nil {
+			return nil, err
+		}
+		if fi.Mode().IsRegular() {
+			out = append(out, snapFile{e.Name(), fi.Size()})
+		}
+	}
+	return out, nil
+}
+
+// sent is one checkpoint request's outcome as the app sees it.
+type sent struct {
+	ev      client.Event
+	synced  client.Event
+	pause   time.Duration // request sent to synced read
+	total   time.Duration // request sent to completed read
+	written int64         // bytes the agent wrote to storage meanwhile
+}
+
+// send checkpoints dir as checkpoint n of tsk through agent p and waits for
+// the end. With handoff the agent takes dir over (one rename, as
+// client.CheckpointPebble does); without, it hard-links every file.
+func send(ctx context.Context, p *inproc, tsk string, n uint64, dir string, handoff bool) (sent, error) {
+	b0, _ := p.count.written()
+	t0 := time.Now()
+	pend, err := p.client.Send(ctx, client.Request{Task: tsk, Checkpoint: n, Dir: dir, Engine: "pebble", Handoff: handoff})
+	if err != nil {
+		return sent{}, fmt.Errorf("checkpoint %d: %w", n, err)
+	}
+	s := sent{pause: time.Since(t0), synced: pend.Synced}
+	if s.ev, err = pend.Wait(ctx); err != nil {
+		return s, fmt.Errorf("checkpoint %d: %w", n, err)
+	}
+	s.total = time.Since(t0)
+	b1, _ := p.count.written()
+	s.written = b1 - b0
+	return s, nil
+}
+
+// incremental runs the workload for Checkpoints rounds and sends each
+// snapshot to the incremental agent and to a full-upload one; then it
+// restores the last checkpoint from the local copy and from storage.
+func (r *run) incremental(ctx context.Context) error {
+	if err := r.ensureStore(ctx); err != nil {
+		return err
+	}
+	var full *inproc
+	if r.o.runs("incremental") {
+		var err error
+		if full, err = r.startAgent(ctx, "full", true); err != nil {
+			return err
+		}
+		defer full.stop()
+	}
+	seen := map[snapFile]bool{}
+	var exp *workload.Expected
+	var last uint64
+	for i := 1; i <= r.o.Checkpoints; i++ {
+		var writes int
+		lsm0 := r.w.LSM()
+		if i > 1 {
+			rs, err := r.w.Round(ctx)
+			if err != nil {
+				return fmt.Errorf("workload round: %w", err)
+			}
+			writes = rs.Writes()
+		} else {
+			writes = int(r.w.Stats().Writes())
+		}
+		exp = r.w.Snapshot()
+		n := r.next
+		r.next++
+		dir := filepath.Join(r.root, fmt.Sprintf("snap-%d", n))
+		files, err := r.snapshot(dir)
+		if err != nil {
+			return err
+		}
+		lsm1 := r.w.LSM()
+		s := CheckpointSample{Checkpoint: n, Files: len(files), Writes: writes,
+			FlushedBytes: int64(lsm1.FlushedBytes - lsm0.FlushedBytes), CompactedBytes: int64(lsm1.CompactedBytes - lsm0.CompactedBytes)}
+		for _, f := range files {
+			s.FullSize += f.size
+			if !isShared(f.name) || !seen[f] {
+				s.NewBytes += f.size
+			}
+			if isShared(f.name) {
+				seen[f] = true
+			}
+		}
+		inc, err := send(ctx, r.inc, task, n, dir, false)
+		if err != nil {
+			return fmt.Errorf("incremental agent: %w", err)
+		}
+		last = n
+		s.BytesWritten, s.CheckpointSize = inc.written, inc.ev.CheckpointSize
+		s.FilesUploaded, s.FilesReused = inc.ev.FilesUploaded, inc.ev.FilesReused
+		s.PauseMS, s.SyncMS, s.DurationMS = ms(inc.pause), inc.synced.SyncMS, ms(inc.total)
+		if s.NewBytes > 0 {
+			s.Amplification = round(float64(s.BytesWritten)/float64(s.NewBytes), 5)
+		}
+		if full != nil {
+			fs, err := send(ctx, full, task, n, dir, false)
+			if err != nil {
+				return fmt.Errorf("full-upload agent: %w", err)
+			}
+			s.FullBytesWritten, s.FullDurationMS = fs.written, ms(fs.total)
+			if fs.written > 0 {
+				s.BytesRatio = round(float64(inc.written)/float64(fs.written), 5)
+			}
+			if fs.total > 0 {
+				s.DurationRatio = round(inc.total.Seconds()/fs.total.Seconds(), 5)
+			}
+			r.rep.Series = append(r.rep.Series, s)
+		}
+		os.RemoveAll(dir)
+		r.logf("checkpoint %d: %d files, %s full, %s new, wrote %s (full agent %s), %.0f ms vs %.0f ms",
+			n, s.Files, human(s.FullSize), human(s.NewBytes), human(s.BytesWritten), human(s.FullBytesWritten), s.DurationMS, s.FullDurationMS)
+	}
+	if full != nil {
+		r.summarizeSeries()
+	}
+	if r.o.runs("restore") {
+		return r.restores(ctx, last, exp)
+	}
+	return nil
+}
+
+func (r *run) summarizeSeries() {
+	ss := r.rep.Series
+	a := &Amplification{}
+	var ampl []float64
+	for _, s := range ss {
+		a.BytesWritten += s.BytesWritten
+		a.NewBytes += s.NewBytes
+		ampl = append(ampl, s.Amplification)
+		a.Max = max(a.Max, s.Amplification)
+	}
+	if a.NewBytes > 0 {
+		a.Overall = round(float64(a.BytesWritten)/float64(a.NewBytes), 5)
+	}
+	a.Median = percentile(ampl, 50)
+	r.rep.Amplification = a
+	iv := &IncrementalVsFull{Churn: r.o.Churn}
+	var br, dr []float64
+	for _, s := range ss[1:] {
+		iv.IncrementalBytes += s.BytesWritten
+		iv.FullBytes += s.FullBytesWritten
+		iv.IncrementalMS += s.DurationMS
+		iv.FullMS += s.FullDurationMS
+		br = append(br, s.BytesRatio)
+		dr = append(dr, s.DurationRatio)
+	}
+	if iv.FullBytes > 0 {
+		iv.BytesRatio = round(float64(iv.IncrementalBytes)/float64(iv.FullBytes), 5)
+	}
+	if iv.FullMS > 0 {
+		iv.DurationRatio = round(iv.IncrementalMS/iv.FullMS, 5)
+	}
+	iv.IncrementalMS, iv.FullMS = round(iv.IncrementalMS, 5), round(iv.FullMS, 5)
+	iv.MedianBytesRatio, iv.MedianDurationRatio = percentile(br, 50), percentile(dr, 50)
+	r.rep.IncrementalVsFull = iv
+}
+
+// restores restores checkpoint n from the local copy and from storage
+// alone, timing each, and verifies both against exp.
+func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) error {
+	fig := &RestoreFigure{Checkpoint: n, Keys: exp.Keys()}
+	r.rep.Restore = fig
+	var errs []string
+	for _, source := range []string{"local", "remote"} {
+		dir := filepath.Join(r.root, "restore-"+source)
+		o := restore.Options{Store: r.inc.store, Job: r.inc.job, Task: task, Target: dir, Checkpoint: n}
+		if source == "local" {
+			o.LocalDir = r.inc.localDir
+		}
+		t0 := time.Now()
+		res, err := restore.Run(ctx, o)
+		d := time.Since(t0)
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("restore from %s: %v", source, err))
+			continue
+		}
+		fig.Files, fig.Bytes = res.Files, res.Bytes
+		verr := verifyStore(ctx, dir, r.w.Options().MemTableSize, exp)
+		if verr != nil {
+			errs = append(errs, fmt.Sprintf("restore from %s did not verify: %v", source, verr))
+		}
+		if source == "local" {
+			fig.LocalMS, fig.BytesLocal, fig.LocalVerified = ms(d), res.BytesLocal, verr == nil
+		} else {
+			fig.RemoteMS, fig.BytesRemote, fig.RemoteVerified = ms(d), res.BytesRemote, verr == nil
+		}
+		os.RemoveAll(dir)
+		r.logf("restore from %s: %s in %.1f ms (local %s, remote %s), verified %v", source, human(res.Bytes), ms(d), human(res.BytesLocal), human(res.BytesRemote), verr == nil)
+	}
+	if fig.LocalMS > 0 {
+		fig.Speedup = round(fig.RemoteMS/fig.LocalMS, 4)
+	}
+	if len(errs) > 0 {
+		fig.Error = strings.Join(errs, "; ")
+		return errors.New(fig.Error)
+	}
+	return nil
+}
+
+// verifyStore opens a restored store and checks every key against exp.
+func verifyStore(ctx context.Context, dir string, memTable uint64, exp *workload.Expected) error {
+	db, err := pebble.Open(dir, workload.PebbleOptions(memTable))
+	if err != nil {
+		return fmt.Errorf("open restored store: %w", err)
+	}
+	verr := workload.Verify(ctx, db, exp)
+	if err := db.Close(); err != nil && verr == nil {
+		verr = err
+	}
+	return verr
+}

@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"ckpt/client"
+)
+
+// memory runs `ckpt agent` as its own process and has it upload a large
+// checkpoint (StateBytes in files of up to 64 MiB, the size production LSM
+// stores write, of incompressible bytes), sampling the process's RSS and
+// reading its peak (VmHWM) from /proc before stopping it.
+func (r *run) memory(ctx context.Context) error {
+	total := r.o.StateBytes
+	fileSize := min(int64(64<<20), max(int64(1<<20), total/8))
+	src := filepath.Join(r.root, "rss-src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return err
+	}
+	defer os.RemoveAll(src)
+	fig := &Memory{CheckpointBytes: total, FileBytes: fileSize, Scaled: total < 4<<30}
+	rng := rand.NewChaCha8([32]byte{42})
+	buf := make([]byte, 1<<20)
+	for i := 0; int64(i)*fileSize < total; i++ {
+		n := min(fileSize, total-int64(i)*fileSize)
+		f, err := os.Create(filepath.Join(src, fmt.Sprintf("%06d.sst", i+1)))
+		if err != nil {
+			return err
+		}
+		for w := int64(0); w < n; {
+			c := buf[:min(int64(len(buf)), n-w)]
+			rng.Read(c)
+			if _, err := f.Write(c); err != nil {
+				f.Close()
+				return err
+			}
+			w += int64(len(c))
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+		fig.Files++
+	}
+	os.WriteFile(filepath.Join(src, "MANIFEST-000001"), buf[:4096], 0o644)
+	os.WriteFile(filepath.Join(src, "CURRENT"), []byte("MANIFEST-000001\n"), 0o644)
+	fig.Files += 2
+	fig.CheckpointBytes += 4096 + 16
+
+	dir := filepath.Join(r.root, "agents", "rss")
+	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
+		return err
+	}
+	sock, err := shortSocket(dir)
+	if err != nil {
+		return err
+	}
+	url := r.tgt.url
+	if url == "" {
+		url = r.o.Storage
+	}
+	args := []string{"agent", "--socket", sock, "--storage", url, "--job", "bench-" + r.id + "-rss",
+		"--local-dir", filepath.Join(dir, "local"), "--allow-root", r.root, "--log-level", "warn"}
+	if r.o.AgentMetricsAddr != "" {
+		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
+	}
+	cmd := exec.Command(r.o.AgentExe, args...)
+	cmd.Env = append(os.Environ(), r.tgt.env...)
+	logPath := filepath.Join(r.root, "agent-rss.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start %s agent: %w", r.o.AgentExe, err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	defer func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	agentLog := func() string { b, _ := os.ReadFile(logPath); return strings.TrimSpace(string(b)) }
+
+	var c *client.Client
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if c, err = client.Dial(ctx, sock); err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			return fmt.Errorf("ckpt agent exited at start: %s", agentLog())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("ckpt agent not serving after 30s: %s", agentLog())
+		}
+	}
+	defer c.Close()
+	if _, err := c.Hello(ctx); err != nil {
+		return err
+	}
+	pid := cmd.Process.Pid
+	fig.BaselineRSS, _ = procStatus(pid, "VmRSS")
+
+	var mu sync.Mutex
+	var peak int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			if v, err := procStatus(pid, "VmRSS"); err == nil {
+				mu.Lock()
+				peak = max(peak, v)
+				mu.Unlock()
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}()
+	t0 := time.Now()
+	p, err := c.Checkpoint(ctx, "rss-0", 1, src, "pebble")
+	if err == nil {
+		_, err = p.Wait(ctx)
+	}
+	d := time.Since(t0)
+	close(stop)
+	wg.Wait()
+	if err != nil {
+		return fmt.Errorf("large checkpoint: %w (agent log: %s)", err, agentLog())
+	}
+	hwm, herr := procStatus(pid, "VmHWM")
+	if herr != nil {
+		return herr
+	}
+	fig.PeakRSSBytes = max(hwm, peak)
+	fig.UploadMS = ms(d)
+	fig.UploadBytesPerS = round(float64(fig.CheckpointBytes)/d.Seconds(), 5)
+	r.rep.Memory = fig
+	r.logf("memory: peak RSS %s uploading %s (%s)", human(fig.PeakRSSBytes), human(total), rate(fig.UploadBytesPerS))
+	return nil
+}
+
+// procStatus reads a "kB" field of /proc/<pid>/status, in bytes.
+func procStatus(pid int, field string) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if ok && k == field {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10, err
+		}
+	}
+	return 0, errors.New("no " + field + " in /proc status")
+}

@@ -1,0 +1,437 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+)
+
+// Report is what a run measured; its JSON is `ckpt bench --json`. A figure
+// whose section did not run (or failed: see Errors) is null.
+type Report struct {
+	Config            Config             `json:"config"`
+	Amplification     *Amplification     `json:"amplification"`
+	IncrementalVsFull *IncrementalVsFull `json:"incremental_vs_full"`
+	Restore           *RestoreFigure     `json:"local_vs_remote_restore"`
+	AppThroughput     *AppThroughput     `json:"app_throughput"`
+	Transfer          *Transfer          `json:"transfer"`
+	EndToEnd          *EndToEnd          `json:"end_to_end"`
+	Pause             []Pause            `json:"pause"`
+	Memory            *Memory            `json:"memory"`
+	// Series is the raw per-checkpoint series of the incremental section.
+	Series    []CheckpointSample `json:"series"`
+	Targets   []Target           `json:"targets"`
+	Errors    []string           `json:"errors"`
+	DurationS float64            `json:"duration_s"`
+}
+
+// Config echoes what the run was asked for.
+type Config struct {
+	Storage     string   `json:"storage"`
+	StateBytes  int64    `json:"state_bytes"`
+	Churn       float64  `json:"churn"`
+	Checkpoints int      `json:"checkpoints"`
+	Quick       bool     `json:"quick"`
+	Sections    []string `json:"sections"`
+	Seed        uint64   `json:"seed"`
+}
+
+// Amplification is bytes written to storage over bytes of new shared
+// files plus private files, per checkpoint (in Series) and over the run.
+type Amplification struct {
+	// Overall is the sum of bytes written over the sum of new bytes, all checkpoints.
+	Overall float64 `json:"overall"`
+	Max     float64 `json:"max"`
+	Median  float64 `json:"median"`
+	// BytesWritten and NewBytes are the sums behind Overall.
+	BytesWritten int64 `json:"bytes_written"`
+	NewBytes     int64 `json:"new_bytes"`
+}
+
+// IncrementalVsFull compares the incremental agent with one that uploads
+// every file, on the same snapshots, over checkpoints 2..N (the first is
+// a full upload for both).
+type IncrementalVsFull struct {
+	Churn float64 `json:"churn"`
+	// BytesRatio and DurationRatio are sums over checkpoints 2..N.
+	BytesRatio          float64 `json:"bytes_ratio"`
+	DurationRatio       float64 `json:"duration_ratio"`
+	MedianBytesRatio    float64 `json:"median_bytes_ratio"`
+	MedianDurationRatio float64 `json:"median_duration_ratio"`
+	IncrementalBytes    int64   `json:"incremental_bytes"`
+	FullBytes           int64   `json:"full_bytes"`
+	IncrementalMS       float64 `json:"incremental_ms"`
+	FullMS              float64 `json:"full_ms"`
+}
+
+// CheckpointSample is one checkpoint of the incremental section.
+type CheckpointSample struct {
+	Checkpoint uint64 `json:"checkpoint"`
+	Files      int    `json:"files"`
+	// FullSize is every byte the checkpoint references; NewBytes the new
+	// shared files plus the private files (what it must ship).
+	FullSize int64 `json:"full_size"`
+	NewBytes int64 `json:"new_bytes"`
+	Writes   int   `json:"writes"`
+	// FlushedBytes and CompactedBytes are the SST bytes Pebble wrote by
+	// flushes and by compactions since the previous checkpoint: the new
+	// files an incremental checkpoint must ship come from these.
+	FlushedBytes   int64 `json:"lsm_flushed_bytes"`
+	CompactedBytes int64 `json:"lsm_compacted_bytes"`
+	// The incremental agent: bytes written to storage (objects and
+	// manifest), its checkpoint_size, files uploaded and reused, the app's
+	// pause (request sent to synced read), the agent's sync_ms and the
+	// duration from request to completed.
+	BytesWritten   int64   `json:"bytes_written"`
+	CheckpointSize int64   `json:"checkpoint_size"`
+	FilesUploaded  int     `json:"files_uploaded"`
+	FilesReused    int     `json:"files_reused"`
+	Amplification  float64 `json:"amplification"`
+	PauseMS        float64 `json:"pause_ms"`
+	SyncMS         int64   `json:"sync_ms"`
+	DurationMS     float64 `json:"duration_ms"`
+	// The full-upload agent on the same snapshot.
+	FullBytesWritten int64   `json:"full_bytes_written"`
+	FullDurationMS   float64 `json:"full_duration_ms"`
+	BytesRatio       float64 `json:"bytes_ratio"`
+	DurationRatio    float64 `json:"duration_ratio"`
+}
+
+// RestoreFigure times restores of one checkpoint from the local copy and
+// from storage alone, each verified key by key against the workload model.
+type RestoreFigure struct {
+	Checkpoint     uint64  `json:"checkpoint"`
+	Files          int     `json:"files"`
+	Bytes          int64   `json:"bytes"`
+	LocalMS        float64 `json:"local_ms"`
+	RemoteMS       float64 `json:"remote_ms"`
+	Speedup        float64 `json:"speedup"`
+	BytesLocal     int64   `json:"bytes_local"`
+	BytesRemote    int64   `json:"bytes_remote"`
+	LocalVerified  bool    `json:"local_verified"`
+	RemoteVerified bool    `json:"remote_verified"`
+	Keys           int     `json:"keys"`
+	Error          string  `json:"error,omitempty"`
+}
+
+// AppThroughput is the workload's write rate (wall clock, pauses
+// included) with a checkpoint every interval against none.
+type AppThroughput struct {
+	IntervalMS         float64 `json:"interval_ms"`
+	PhaseMS            float64 `json:"phase_ms"`
+	WithoutWritesPerS  float64 `json:"without_writes_per_s"`
+	WithWritesPerS     float64 `json:"with_writes_per_s"`
+	Ratio              float64 `json:"ratio"`
+	Checkpoints        int     `json:"checkpoints"`
+	CheckpointsRefused int     `json:"checkpoints_refused"`
+	// PauseP50MS and PauseMaxMS are what the app waited per checkpoint
+	// (flush, Pebble checkpoint, request to synced); SnapshotP50MS the
+	// flush and Pebble checkpoint alone.
+	PauseP50MS      float64   `json:"pause_p50_ms"`
+	SnapshotP50MS   float64   `json:"snapshot_p50_ms"`
+	PauseMaxMS      float64   `json:"pause_max_ms"`
+	PhaseWritesPerS []float64 `json:"phase_writes_per_s"`
+	Phases          []string  `json:"phases"`
+}
+
+// Transfer compares upload and restore throughput on the same data.
+type Transfer struct {
+	Files int    `json:"files"`
+	Bytes int64  `json:"bytes"`
+	Tools []Tool `json:"tools"`
+	// Ratios of ckpt's throughput to rclone's.
+	UploadVsRclone  float64 `json:"upload_vs_rclone"`
+	RestoreVsRclone float64 `json:"restore_vs_rclone"`
+}
+
+// Tool is one tool's upload and restore of the transfer data.
+type Tool struct {
+	Tool      string `json:"tool"`
+	Version   string `json:"version,omitempty"`
+	Available bool   `json:"available"`
+	// Reason says why a tool is missing or what failed.
+	Reason string `json:"reason,omitempty"`
+	// Where is where the tool wrote ("storage" or a note such as "local dir").
+	Where            string  `json:"where,omitempty"`
+	Bytes            int64   `json:"bytes"`
+	UploadMS         float64 `json:"upload_ms"`
+	RestoreMS        float64 `json:"restore_ms"`
+	UploadBytesPerS  float64 `json:"upload_bytes_per_s"`
+	RestoreBytesPerS float64 `json:"restore_bytes_per_s"`
+	RestoreVerified  bool    `json:"restore_verified"`
+	Note             string  `json:"note,omitempty"`
+}
+
+// EndToEnd is a checkpoint that adds 1.5% to the state, end to end.
+type EndToEnd struct {
+	StateBytes int64 `json:"state_bytes"`
+	AddedBytes int64 `json:"added_bytes"`
+	// CkptMS is flush + Pebble checkpoint + request until completed;
+	// the parts follow.
+	CkptMS         float64         `json:"ckpt_ms"`
+	SnapshotMS     float64         `json:"snapshot_ms"`
+	PauseMS        float64         `json:"pause_ms"`
+	UploadMS       float64         `json:"upload_ms"`
+	CheckpointSize int64           `json:"checkpoint_size"`
+	FilesUploaded  int             `json:"files_uploaded"`
+	Peers          []PeerIncrement `json:"peers"`
+	Scaled         bool            `json:"scaled"`
+}
+
+// PeerIncrement is a peer's time to ship the same increment.
+type PeerIncrement struct {
+	Tool      string  `json:"tool"`
+	Available bool    `json:"available"`
+	Reason    string  `json:"reason,omitempty"`
+	MS        float64 `json:"ms"`
+}
+
+// Pause is the app's pause at a number of files in the snapshot. Mode is
+// "handoff" (the agent renames the dir: what client.CheckpointPebble
+// sends) or "link" (the agent hard-links every file; the app keeps dir).
+type Pause struct {
+	Files   int       `json:"files"`
+	Mode    string    `json:"mode"`
+	Samples int       `json:"samples"`
+	P50MS   float64   `json:"p50_ms"`
+	P99MS   float64   `json:"p99_ms"`
+	MaxMS   float64   `json:"max_ms"`
+	RawMS   []float64 `json:"raw_ms"`
+}
+
+// Memory is the agent process's peak RSS while uploading a large checkpoint.
+type Memory struct {
+	CheckpointBytes int64   `json:"checkpoint_bytes"`
+	Files           int     `json:"files"`
+	FileBytes       int64   `json:"file_bytes"`
+	PeakRSSBytes    int64   `json:"peak_rss_bytes"`
+	BaselineRSS     int64   `json:"baseline_rss_bytes"`
+	UploadMS        float64 `json:"upload_ms"`
+	UploadBytesPerS float64 `json:"upload_bytes_per_s"`
+	Scaled          bool    `json:"scaled"`
+}
+
+// Target is one figure against its target.
+type Target struct {
+	Name     string  `json:"name"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Op       string  `json:"op"` // "<=" or ">="
+	Target   float64 `json:"target"`
+	Measured bool    `json:"measured"`
+	Pass     bool    `json:"pass"`
+	// Scaled marks a figure measured at a smaller size than its target names.
+	Scaled bool   `json:"scaled"`
+	Note   string `json:"note,omitempty"`
+}
+
+func newReport(o Options) *Report {
+	secs := o.Only
+	if len(secs) == 0 {
+		secs = Sections
+	}
+	return &Report{
+		Config: Config{StateBytes: o.StateBytes, Churn: o.Churn, Checkpoints: o.Checkpoints, Quick: o.Quick, Sections: secs, Seed: o.Seed},
+		Pause:  []Pause{}, Series: []CheckpointSample{}, Errors: []string{},
+	}
+}
+
+// finish fills Targets from the figures.
+func (r *Report) finish() {
+	add := func(name string, measured bool, value float64, unit, op string, target float64, scaled bool, note string) {
+		t := Target{Name: name, Unit: unit, Op: op, Target: target, Measured: measured, Scaled: scaled, Note: note}
+		if measured && !math.IsNaN(value) && !math.IsInf(value, 0) {
+			t.Value = round(value, 4)
+			if op == "<=" {
+				t.Pass = value <= target
+			} else {
+				t.Pass = value >= target
+			}
+		} else {
+			t.Measured = false
+		}
+		r.Targets = append(r.Targets, t)
+	}
+	a := r.Amplification
+	add("amplification (bytes written / new bytes, all checkpoints)", a != nil, val(a, func(a *Amplification) float64 { return a.Overall }), "x", "<=", 1.02, false, "")
+	iv := r.IncrementalVsFull
+	churnNote := ""
+	if iv != nil && iv.Churn != 0.01 {
+		churnNote = fmt.Sprintf("measured at churn %g; the target is stated at 1%%", iv.Churn)
+	}
+	add("incremental/full bytes per checkpoint", iv != nil, val(iv, func(v *IncrementalVsFull) float64 { return v.BytesRatio }), "x", "<=", 0.02, false, churnNote)
+	add("incremental/full duration per checkpoint", iv != nil, val(iv, func(v *IncrementalVsFull) float64 { return v.DurationRatio }), "x", "<=", 0.1, false, churnNote)
+	for _, want := range []struct {
+		files int
+		ms    float64
+	}{{1000, 5}, {10000, 50}} {
+		var p *Pause
+		for i := range r.Pause {
+			if r.Pause[i].Files == want.files && r.Pause[i].Mode == "handoff" {
+				p = &r.Pause[i]
+			}
+		}
+		add(fmt.Sprintf("app pause p99 at %d files (handoff)", want.files), p != nil, val(p, func(p *Pause) float64 { return p.P99MS }), "ms", "<=", want.ms, false, "")
+	}
+	tr := r.Transfer
+	rcloneOK := tr != nil && tr.UploadVsRclone > 0
+	note := ""
+	if tr != nil && !rcloneOK {
+		note = "rclone missing or failed: see transfer.tools"
+	}
+	add("upload throughput vs rclone copy", rcloneOK, val(tr, func(t *Transfer) float64 { return t.UploadVsRclone }), "x", ">=", 2.0, false, note)
+	add("remote-restore throughput vs rclone copy", rcloneOK, val(tr, func(t *Transfer) float64 { return t.RestoreVsRclone }), "x", ">=", 1.0, false, note)
+	e := r.EndToEnd
+	note = ""
+	if e != nil && e.Scaled {
+		note = fmt.Sprintf("scaled: the state is %s, the target is stated for 1 GiB (run with --state-bytes 1GiB)", human(e.StateBytes))
+	}
+	add("checkpoint adding 1.5% to the state, end to end", e != nil, val(e, func(e *EndToEnd) float64 { return e.CkptMS / 1000 }), "s", "<=", 0.3, e != nil && e.Scaled, note)
+	rs := r.Restore
+	add("local restore speedup over remote restore", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.Speedup }), "x", ">=", 50, false, "")
+	at := r.AppThroughput
+	add("app throughput with checkpoints / without", at != nil, val(at, func(a *AppThroughput) float64 { return a.Ratio }), "x", ">=", 0.95, false, "")
+	m := r.Memory
+	note = ""
+	if m != nil && m.Scaled {
+		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", human(m.CheckpointBytes))
+	}
+	add("agent peak RSS uploading a large checkpoint", m != nil, val(m, func(m *Memory) float64 { return float64(m.PeakRSSBytes) / (1 << 20) }), "MiB", "<=", 128, m != nil && m.Scaled, note)
+}
+
+func val[T any](p *T, f func(*T) float64) float64 {
+	if p == nil {
+		return 0
+	}
+	return f(p)
+}
+
+func round(v float64, digits int) float64 {
+	if v == 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+		return v
+	}
+	p := math.Pow(10, float64(digits-1-int(math.Floor(math.Log10(math.Abs(v))))))
+	return math.Round(v*p) / p
+}
+
+func human(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+func rate(bps float64) string {
+	if bps <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f MiB/s", bps/(1<<20))
+}
+
+// Print writes the human report: the targets table, then the detail.
+func (r *Report) Print(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "ckpt bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
+		human(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
+	fmt.Fprintln(tw, "FIGURE\tMEASURED\tTARGET\tRESULT")
+	for _, t := range r.Targets {
+		v, res := "-", "not measured"
+		if t.Measured {
+			v = fmt.Sprintf("%g %s", t.Value, t.Unit)
+			res = map[bool]string{true: "pass", false: "FAIL"}[t.Pass]
+			if t.Scaled {
+				res += " (scaled)"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s %g %s\t%s\n", t.Name, v, t.Op, t.Target, t.Unit, res)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, t := range r.Targets {
+		if t.Note != "" {
+			fmt.Fprintf(w, "  note: %s: %s\n", t.Name, t.Note)
+		}
+	}
+
+	if len(r.Series) > 0 {
+		fmt.Fprintln(w, "\nPer checkpoint (incremental agent vs full-upload agent on the same snapshot):")
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "N\tfiles\tfull size\tflushed\tcompacted\tnew\twritten\tampl\tpause ms\tinc ms\tfull written\tfull ms\tbytes ratio\tdur ratio\t")
+		for _, s := range r.Series {
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.1f\t%s\t%.1f\t%.4f\t%.3f\t\n", s.Checkpoint, s.Files, human(s.FullSize), human(s.FlushedBytes), human(s.CompactedBytes), human(s.NewBytes),
+				human(s.BytesWritten), s.Amplification, s.PauseMS, s.DurationMS, human(s.FullBytesWritten), s.FullDurationMS, s.BytesRatio, s.DurationRatio)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if tr := r.Transfer; tr != nil {
+		fmt.Fprintf(w, "\nUpload and restore of the same %s in %d files:\n", human(tr.Bytes), tr.Files)
+		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "TOOL\tUPLOAD\tRESTORE\tWHERE\tNOTE")
+		for _, t := range tr.Tools {
+			if !t.Available {
+				fmt.Fprintf(tw, "%s\tmissing\tmissing\t-\t%s\n", t.Tool, t.Reason)
+				continue
+			}
+			note := strings.TrimSpace(t.Note + " " + t.Reason)
+			fmt.Fprintf(tw, "%s\t%s (%.0f ms)\t%s (%.0f ms)\t%s\t%s\n", t.Tool, rate(t.UploadBytesPerS), t.UploadMS, rate(t.RestoreBytesPerS), t.RestoreMS, t.Where, note)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
+	if e := r.EndToEnd; e != nil {
+		fmt.Fprintf(w, "\nAdding %s to a %s state: ckpt %.0f ms end to end (snapshot %.0f ms, pause %.1f ms, upload %.0f ms, %s shipped)",
+			human(e.AddedBytes), human(e.StateBytes), e.CkptMS, e.SnapshotMS, e.PauseMS, e.UploadMS, human(e.CheckpointSize))
+		for _, p := range e.Peers {
+			if p.Available {
+				fmt.Fprintf(w, "; %s %.0f ms", p.Tool, p.MS)
+			} else {
+				fmt.Fprintf(w, "; %s missing (%s)", p.Tool, p.Reason)
+			}
+		}
+		fmt.Fprintln(w)
+	}
+	if rs := r.Restore; rs != nil {
+		fmt.Fprintf(w, "\nRestore of checkpoint %d (%s, %d files): local %.1f ms, remote %.1f ms (%.1fx); verified local %v, remote %v\n",
+			rs.Checkpoint, human(rs.Bytes), rs.Files, rs.LocalMS, rs.RemoteMS, rs.Speedup, rs.LocalVerified, rs.RemoteVerified)
+	}
+	if a := r.AppThroughput; a != nil {
+		fmt.Fprintf(w, "\nApp throughput: %.0f writes/s with a checkpoint every %.0f ms (%d taken; app waited p50 %.1f ms of which flush+snapshot %.1f ms), %.0f without (phases %v: %.0f)\n",
+			a.WithWritesPerS, a.IntervalMS, a.Checkpoints, a.PauseP50MS, a.SnapshotP50MS, a.WithoutWritesPerS, a.Phases, a.PhaseWritesPerS)
+	}
+	for _, p := range r.Pause {
+		fmt.Fprintf(w, "App pause at %d files, %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples)\n", p.Files, p.Mode, p.P50MS, p.P99MS, p.MaxMS, p.Samples)
+	}
+	if m := r.Memory; m != nil {
+		fmt.Fprintf(w, "\nAgent process uploading %s in %d files: peak RSS %s (at start %s), %s\n",
+			human(m.CheckpointBytes), m.Files, human(m.PeakRSSBytes), human(m.BaselineRSS), rate(m.UploadBytesPerS))
+	}
+	for _, e := range r.Errors {
+		fmt.Fprintf(w, "\nerror: %s\n", e)
+	}
+	return nil
+}
+
+// percentile of sorted-or-not xs (nearest rank).
+func percentile(xs []float64, p float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	k := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(0, min(k, len(s)-1))]
+}
+
+func ms(d interface{ Seconds() float64 }) float64 { return round(d.Seconds()*1000, 4) }

@@ -1,0 +1,282 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"ckpt/storage"
+	s3store "ckpt/storage/s3"
+)
+
+// Pinned S3 server the bench starts when no --storage is given.
+const (
+	versitygwModule  = "github.com/versity/versitygw/cmd/versitygw"
+	versitygwVersion = "v1.8.0"
+	benchBucket      = "bench"
+	benchAccessKey   = "benchkey"
+	benchSecretKey   = "benchsecret"
+	benchRegion      = "us-east-1"
+)
+
+// target is where the bench writes: how to open it in this process, how a
+// child `ckpt agent` reaches it, and how the peers (rclone, restic) name
+// the same place.
+type target struct {
+	url  string   // storage URL for child processes
+	env  []string // extra environment for child processes (credentials)
+	kind string   // "s3", "file" or "gs"
+	desc string   // for the report
+
+	open func(ctx context.Context) (storage.Store, error)
+
+	// S3 only: what the peers need.
+	endpoint, bucket, prefix, access, secret string
+	// file only: the directory.
+	dir string
+
+	stop func()
+}
+
+// rcloneRemote names sub (a path under the target) for rclone.
+func (t *target) rcloneRemote(sub string) (string, error) {
+	switch t.kind {
+	case "file":
+		return filepath.Join(t.dir, sub), nil
+	case "s3":
+		if t.access == "" || t.secret == "" {
+			return "", errors.New("no static S3 credentials in AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY to give rclone")
+		}
+		if t.endpoint == "" {
+			return "", errors.New("no S3 endpoint (endpoint= or AWS_ENDPOINT_URL) to give rclone")
+		}
+		return fmt.Sprintf(":s3,provider=Other,endpoint='%s',access_key_id=%s,secret_access_key=%s:%s/%s",
+			t.endpoint, t.access, t.secret, t.bucket, joinKey(t.prefix, sub)), nil
+	}
+	return "", fmt.Errorf("%s storage is not wired for the peers in this harness (use s3:// or file://)", t.kind)
+}
+
+// resticRepo names sub as a restic repository, with the environment restic needs.
+func (t *target) resticRepo(sub string) (string, []string, error) {
+	switch t.kind {
+	case "file":
+		return filepath.Join(t.dir, sub), nil, nil
+	case "s3":
+		if t.access == "" || t.secret == "" || t.endpoint == "" {
+			return "", nil, errors.New("no static S3 credentials or endpoint to give restic")
+		}
+		return "s3:" + strings.TrimRight(t.endpoint, "/") + "/" + t.bucket + "/" + joinKey(t.prefix, sub),
+			[]string{"AWS_ACCESS_KEY_ID=" + t.access, "AWS_SECRET_ACCESS_KEY=" + t.secret}, nil
+	}
+	return "", nil, fmt.Errorf("%s storage is not wired for the peers in this harness (use s3:// or file://)", t.kind)
+}
+
+func joinKey(a, b string) string {
+	a, b = strings.Trim(a, "/"), strings.Trim(b, "/")
+	switch {
+	case a == "":
+		return b
+	case b == "":
+		return a
+	}
+	return a + "/" + b
+}
+
+// openTarget parses a user's storage URL.
+func openTarget(ctx context.Context, raw string) (*target, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("storage URL %q: %w", raw, err)
+	}
+	t := &target{url: raw, kind: u.Scheme, desc: u.Redacted(), stop: func() {}}
+	t.open = func(ctx context.Context) (storage.Store, error) { return storage.Open(ctx, raw) }
+	switch u.Scheme {
+	case "file":
+		t.dir = u.Path
+		if err := os.MkdirAll(t.dir, 0o755); err != nil {
+			return nil, fmt.Errorf("storage dir: %w", err)
+		}
+	case "s3":
+		o, err := s3store.ParseURL(u)
+		if err != nil {
+			return nil, err
+		}
+		t.bucket, t.prefix, t.endpoint = o.Bucket, o.Prefix, o.Endpoint
+		if t.endpoint == "" {
+			t.endpoint = os.Getenv("AWS_ENDPOINT_URL")
+		}
+		t.access, t.secret = os.Getenv("AWS_ACCESS_KEY_ID"), os.Getenv("AWS_SECRET_ACCESS_KEY")
+	}
+	return t, nil
+}
+
+// findVersitygw returns the versitygw binary: <repo>/.bin/versitygw next to
+// the working directory or the executable, or on PATH; failing that it
+// installs the pinned version into <repo>/.bin with the go command.
+func findVersitygw(ctx context.Context) (string, error) {
+	var roots []string
+	if wd, err := os.Getwd(); err == nil {
+		if r := repoRootFrom(wd); r != "" {
+			roots = append(roots, r)
+		}
+	}
+	if exe, err := os.Executable(); err == nil {
+		if r := repoRootFrom(filepath.Dir(exe)); r != "" {
+			roots = append(roots, r)
+		}
+	}
+	for _, r := range roots {
+		p := filepath.Join(r, ".bin", "versitygw")
+		if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	if p, err := exec.LookPath("versitygw"); err == nil {
+		return p, nil
+	}
+	if len(roots) == 0 {
+		return "", errors.New("versitygw not found in <repo>/.bin or on PATH: install it with `GOBIN=$PWD/.bin go install " + versitygwModule + "@" + versitygwVersion + "` or pass --storage")
+	}
+	bin := filepath.Join(roots[0], ".bin")
+	cmd := exec.CommandContext(ctx, "go", "install", versitygwModule+"@"+versitygwVersion)
+	cmd.Env = append(os.Environ(), "GOBIN="+bin, "GOWORK=off")
+	cmd.Dir = roots[0]
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("install versitygw (go install %s@%s): %v: %s", versitygwModule, versitygwVersion, err, strings.TrimSpace(string(out)))
+	}
+	return filepath.Join(bin, "versitygw"), nil
+}
+
+func repoRootFrom(dir string) string {
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return ""
+		}
+		dir = parent
+	}
+}
+
+// startVersitygw starts versitygw on a free loopback port over a fresh
+// directory under root, creates the bench bucket and returns the target.
+func startVersitygw(ctx context.Context, root string) (*target, error) {
+	bin, err := findVersitygw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	data := filepath.Join(root, "s3data")
+	if err := os.MkdirAll(data, 0o755); err != nil {
+		return nil, err
+	}
+	var lastErr error
+	for range 3 {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		logPath := filepath.Join(root, "versitygw.log")
+		logf, err := os.Create(logPath)
+		if err != nil {
+			return nil, err
+		}
+		cmd := exec.Command(bin, "--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", benchAccessKey,
+			"--secret", benchSecretKey, "--region", benchRegion, "--quiet", "posix", data)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			logf.Close()
+			return nil, fmt.Errorf("start versitygw: %w", err)
+		}
+		exited := make(chan struct{})
+		go func() { cmd.Wait(); logf.Close(); close(exited) }()
+		stop := func() {
+			select {
+			case <-exited:
+				return
+			default:
+			}
+			cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-exited:
+			case <-time.After(5 * time.Second):
+				cmd.Process.Kill()
+				<-exited
+			}
+		}
+		endpoint := fmt.Sprintf("http://127.0.0.1:%d", port)
+		if err := waitHTTP(ctx, endpoint, exited); err != nil {
+			stop()
+			log, _ := os.ReadFile(logPath)
+			lastErr = fmt.Errorf("versitygw on %s: %v: %s", endpoint, err, strings.TrimSpace(string(log)))
+			continue
+		}
+		t := &target{
+			kind: "s3", endpoint: endpoint, bucket: benchBucket, access: benchAccessKey, secret: benchSecretKey,
+			desc: "versitygw " + versitygwVersion + " on " + endpoint + " (started by the bench)",
+			stop: stop,
+		}
+		q := url.Values{"path_style": {"true"}, "endpoint": {endpoint}, "region": {benchRegion}}
+		t.url = "s3://" + benchBucket + "?" + q.Encode()
+		t.env = []string{"AWS_ACCESS_KEY_ID=" + benchAccessKey, "AWS_SECRET_ACCESS_KEY=" + benchSecretKey, "AWS_REGION=" + benchRegion}
+		creds := credentials.NewStaticCredentialsProvider(benchAccessKey, benchSecretKey, "")
+		t.open = func(ctx context.Context) (storage.Store, error) {
+			return s3store.New(ctx, s3store.Options{Bucket: benchBucket, Endpoint: endpoint, Region: benchRegion, PathStyle: true, Credentials: creds})
+		}
+		cl := awss3.New(awss3.Options{Region: benchRegion, BaseEndpoint: aws.String(endpoint), UsePathStyle: true, Credentials: creds})
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err = cl.CreateBucket(cctx, &awss3.CreateBucketInput{Bucket: aws.String(benchBucket)})
+		cancel()
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("create bucket %q on versitygw: %w", benchBucket, err)
+		}
+		return t, nil
+	}
+	return nil, lastErr
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitHTTP(ctx context.Context, endpoint string, exited <-chan struct{}) error {
+	c := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if resp, err := c.Get(endpoint + "/"); err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		select {
+		case <-exited:
+			return errors.New("exited at start")
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(30 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return errors.New("not ready after 30s")
+		}
+	}
+}

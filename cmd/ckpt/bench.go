@@ -1,0 +1,98 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+
+	"ckpt/bench"
+)
+
+func runBench(ctx context.Context, args []string) error {
+	fs := newFlags("bench", "[--storage URL] [--state-bytes B] [--churn F] [--checkpoints N] [--quick] [--json] [--cpuprofile FILE]",
+		"ckpt bench --state-bytes 1GiB --json > bench.json")
+	store := fs.String("storage", "", "storage URL to measure against (default: start versitygw, an S3 server, on 127.0.0.1)")
+	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
+	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
+	checkpoints := fs.Int("checkpoints", 0, "checkpoints of the incremental section (default 10; --quick 3)")
+	quick := fs.Bool("quick", false, "scale everything down to run in seconds (a smoke test: figures are not meaningful)")
+	asJSON := fs.Bool("json", false, "print one JSON object with every figure and the per-checkpoint series")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (agents in it included) to FILE")
+	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(bench.Sections, ", ")+" (default all)")
+	dir := fs.String("dir", "", "scratch directory, kept afterwards (default: a temporary one, removed)")
+	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, Quick: *quick, Dir: *dir, AgentMetricsAddr: *agentMetrics, Log: os.Stderr}
+	if *quiet {
+		o.Log = io.Discard
+	}
+	if *stateBytes != "" {
+		b, err := parseBytes(*stateBytes)
+		if err != nil {
+			return usageError{fmt.Errorf("--state-bytes: %v", err)}
+		}
+		o.StateBytes = b
+	}
+	if *only != "" {
+		o.Only = strings.Split(*only, ",")
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := bench.Run(ctx, o)
+	if rep == nil {
+		if err != nil && strings.Contains(err.Error(), "must") {
+			return usageError{err}
+		}
+		return err
+	}
+	if *asJSON {
+		if perr := printJSON(rep); perr != nil {
+			return perr
+		}
+	} else if perr := rep.Print(os.Stdout); perr != nil {
+		return perr
+	}
+	if err != nil {
+		return err
+	}
+	if len(rep.Errors) > 0 {
+		return fmt.Errorf("%d section(s) failed: %s", len(rep.Errors), strings.Join(rep.Errors, "; "))
+	}
+	return nil
+}
+
+// parseBytes reads 123, 64MiB, 1GiB, 512KiB (also KB/MB/GB as powers of 1024).
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		m      int64
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"GB", 1 << 30}, {"MB", 1 << 20}, {"KB", 1 << 10}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.m
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+	if err != nil || f <= 0 {
+		return 0, fmt.Errorf("want a positive size such as 64MiB or 1GiB, got %q", s)
+	}
+	return int64(f * float64(mult)), nil
+}
