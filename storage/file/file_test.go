@@ -61,11 +61,11 @@ func TestCrashLeftoversAreInvisibleAndCleaned(t *testing.T) {
 	if len(listed) != 1 || listed[0] != "a/b" {
 		t.Fatalf("list shows %v, want only a/b", listed)
 	}
-	n, b, err := s.CleanIncomplete(ctx, "other/", time.Now().Add(-time.Hour))
+	n, _, err := s.CleanIncomplete(ctx, "other/", time.Now().Add(-time.Hour))
 	if err != nil || n != 0 {
 		t.Fatalf("clean of another prefix removed %d files (%v)", n, err)
 	}
-	n, b, err = s.CleanIncomplete(ctx, "a/", time.Now().Add(-time.Hour))
+	n, b, err := s.CleanIncomplete(ctx, "a/", time.Now().Add(-time.Hour))
 	if err != nil || n != 1 || b != 7 {
 		t.Fatalf("clean = %d files %d bytes %v, want 1 file 7 bytes", n, b, err)
 	}
