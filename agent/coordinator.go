@@ -13,6 +13,7 @@ import (
 	"ckpt/localrecovery"
 	"ckpt/manifests"
 	"ckpt/storage"
+	"ckpt/storage/retry"
 	"ckpt/telemetry"
 	"ckpt/uploader"
 
@@ -180,8 +181,11 @@ func (a *Agent) run(ck *checkpoint) {
 	ev, err := a.upload(ck)
 	if err == nil {
 		ck.completed = true
-		ck.c.send(ev) // before finish: a stopping agent waits for finish, then hangs up
+		// Metrics first, so that a client reading /metrics on completed sees
+		// this checkpoint; then the event, before finish: a stopping agent
+		// waits for finish, then hangs up.
 		a.ended(ck, "completed", nil)
+		ck.c.send(ev)
 		a.maybeSweep()
 		a.finish(ck, true)
 		return
@@ -204,14 +208,16 @@ func (a *Agent) run(ck *checkpoint) {
 		ck.c.send(failed(req, e))
 		a.ended(ck, "aborted", e)
 	default:
-		code := CodeInternal
+		e := &Error{Code: CodeInternal, Message: err.Error()}
 		var pe *Error
-		if errors.As(err, &pe) {
-			code = pe.Code
-		} else if errors.Is(err, manifests.ErrConflict) {
-			code = CodeConflict
+		switch {
+		case errors.As(err, &pe):
+			e = pe
+		case errors.Is(err, manifests.ErrConflict):
+			e.Code = CodeConflict
+		case retry.Transient(err):
+			e.Code = CodeUnavailable // storage outage or throttling: retry later
 		}
-		e := &Error{Code: code, Message: err.Error()}
 		ck.c.send(failed(req, e))
 		a.ended(ck, "failed", e)
 	}
@@ -369,7 +375,7 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 		return Event{}, err
 	}
 	_, commitSpan := telemetry.Tracer().Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
-	err = manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded)
+	err = a.commit(ctx, m, encoded)
 	commitSpan.End()
 	if err != nil {
 		if errors.Is(err, manifests.ErrConflict) {
@@ -386,6 +392,33 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 		CheckpointSize: ptr(m.CheckpointSize), FullSize: ptr(m.FullSize),
 		FilesUploaded: ptr(m.FilesUploaded), FilesReused: ptr(m.FilesReused), DurationMS: ptr(dur),
 	}, nil
+}
+
+// commitPatience is how long a commit keeps retrying transient storage
+// errors: the objects are all uploaded by then, and giving up would waste
+// them. Retrying the conditional create is safe: the retry decorator
+// recognises its own earlier write by its bytes.
+const commitPatience = 2 * time.Minute
+
+// commit writes the manifest, retrying transient failures with backoff
+// for up to commitPatience. Cancellation (abort, shutdown) stops retries
+// but never interrupts a write in progress.
+func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte) error {
+	deadline := time.Now().Add(commitPatience)
+	delay := 500 * time.Millisecond
+	for {
+		err := manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded)
+		if err == nil || !retry.Transient(err) || time.Now().Add(delay).After(deadline) {
+			return err
+		}
+		a.log.Warn("manifest commit failed, retrying", "task", m.Task, "checkpoint", m.Checkpoint, "err", err, "delay", delay.String())
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 15*time.Second)
+	}
 }
 
 // committed updates the task after its manifest was written: local copy,

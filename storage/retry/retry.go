@@ -126,7 +126,7 @@ func (s *Store) do(ctx context.Context, op, key string, fn func(attempt int) err
 			return err
 		}
 		if attempt >= s.opts.MaxAttempts {
-			return fmt.Errorf("%s %s: giving up after %d attempts: %w", op, key, attempt, err)
+			return fmt.Errorf("%w (gave up after %d attempts)", err, attempt)
 		}
 		throttled = throttled || Throttled(err)
 		d := s.delay(attempt, throttled)
