@@ -16,10 +16,12 @@
 //
 //   - Objects up to PartSize (16 MiB) are sent with one PutObject whose body
 //     streams from the caller's seekable body; larger ones use a multipart
-//     upload of PartSize parts with Concurrency (3) parts in flight, so an
-//     upload buffers at most (Concurrency+2)*PartSize bytes (96 MiB by
-//     default; the transfer manager reads the first part separately from
-//     its pool of Concurrency+1 part buffers). Every request
+//     upload of PartSize parts with Concurrency (3) parts in flight. When the
+//     body is a file (an io.ReaderAt, as the uploader passes), each part
+//     streams from its section of the file and nothing is buffered, so
+//     memory stays flat whatever the size. Other bodies go through the
+//     transfer manager, which buffers at most (Concurrency+2)*PartSize bytes
+//     (96 MiB by default). Every request
 //     carries a CRC32 checksum the server verifies; downloads of objects
 //     that have a full-object checksum are verified by the SDK.
 //   - Create is a PutObject (or CompleteMultipartUpload) with
@@ -57,6 +59,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
+	"golang.org/x/sync/errgroup"
 
 	"ckpt/storage"
 )
@@ -157,6 +160,7 @@ type Store struct {
 	partSize  int64
 	sse       types.ServerSideEncryption
 	kmsKeyID  *string
+	partConc  int
 	closeIdle func()
 }
 
@@ -221,7 +225,7 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		}
 		cfg.Region = "us-east-1"
 	}
-	s := &Store{bucket: o.Bucket, partSize: o.PartSize, sse: types.ServerSideEncryption(o.SSE), closeIdle: func() {}}
+	s := &Store{bucket: o.Bucket, partSize: o.PartSize, partConc: o.Concurrency, sse: types.ServerSideEncryption(o.SSE), closeIdle: func() {}}
 	if o.Prefix = strings.Trim(o.Prefix, "/"); o.Prefix != "" {
 		s.prefix = o.Prefix + "/"
 	}
@@ -340,6 +344,18 @@ func (s *Store) put(ctx context.Context, op, key string, body io.ReadSeeker, siz
 				return s.wrap(op, key, herr)
 			}
 		}
+		if ra, ok := body.(io.ReaderAt); ok {
+			// A file: parts are sections of it, read straight from the page
+			// cache into the request; no part is ever buffered in memory.
+			err = s.multipartAt(ctx, op, key, k, body, ra, size, ifNoneMatch, optFns)
+			if err == nil {
+				return nil
+			}
+			if exclusive && isExists(err) {
+				return fmt.Errorf("%s %s: %w", op, key, storage.ErrExists)
+			}
+			return s.wrap(op, key, err)
+		}
 		_, err = s.tm.UploadObject(ctx, &transfermanager.UploadObjectInput{
 			Bucket:               &s.bucket,
 			Key:                  k,
@@ -357,6 +373,69 @@ func (s *Store) put(ctx context.Context, op, key string, body io.ReadSeeker, siz
 		return fmt.Errorf("%s %s: %w", op, key, storage.ErrExists)
 	}
 	return s.wrap(op, key, err)
+}
+
+// multipartAt uploads size bytes of ra as a multipart upload of PartSize
+// sections, Concurrency parts in flight, each with its CRC32. Memory stays
+// flat whatever the object's size: a part streams from its section of the
+// file. The body must hold exactly size bytes. A failed upload is aborted.
+func (s *Store) multipartAt(ctx context.Context, op, key string, k *string, body io.Seeker, ra io.ReaderAt, size int64, ifNoneMatch *string, optFns []func(*s3.Options)) error {
+	end, err := body.Seek(0, io.SeekEnd)
+	if err != nil {
+		return err
+	}
+	if end != size {
+		if end < size {
+			return fmt.Errorf("%s %s: %w", op, key, errBodyShort)
+		}
+		return fmt.Errorf("%s %s: %w", op, key, errBodyLong)
+	}
+	created, err := s.client.CreateMultipartUpload(ctx, &s3.CreateMultipartUploadInput{
+		Bucket: &s.bucket, Key: k, ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+		ServerSideEncryption: s.sse, SSEKMSKeyId: s.kmsKeyID,
+	})
+	if err != nil {
+		return err
+	}
+	abort := func() {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		s.client.AbortMultipartUpload(actx, &s3.AbortMultipartUploadInput{Bucket: &s.bucket, Key: k, UploadId: created.UploadId})
+	}
+	n := int((size + s.partSize - 1) / s.partSize)
+	parts := make([]types.CompletedPart, n)
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(s.partConc, 1))
+	for i := range n {
+		off := int64(i) * s.partSize
+		length := min(s.partSize, size-off)
+		g.Go(func() error {
+			num := aws.Int32(int32(i + 1))
+			out, err := s.client.UploadPart(gctx, &s3.UploadPartInput{
+				Bucket: &s.bucket, Key: k, UploadId: created.UploadId, PartNumber: num,
+				Body: io.NewSectionReader(ra, off, length), ContentLength: aws.Int64(length),
+				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+			})
+			if err != nil {
+				return fmt.Errorf("part %d: %w", i+1, err)
+			}
+			parts[i] = types.CompletedPart{PartNumber: num, ETag: out.ETag, ChecksumCRC32: out.ChecksumCRC32}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		abort()
+		return err
+	}
+	_, err = s.client.CompleteMultipartUpload(ctx, &s3.CompleteMultipartUploadInput{
+		Bucket: &s.bucket, Key: k, UploadId: created.UploadId,
+		MultipartUpload: &types.CompletedMultipartUpload{Parts: parts}, IfNoneMatch: ifNoneMatch,
+	}, optFns...)
+	if err != nil {
+		abort()
+		return err
+	}
+	return nil
 }
 
 // Get returns the object's body; the SDK verifies its checksum when the
