@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -13,10 +11,12 @@ import (
 )
 
 // appThroughput runs the workload in phases off, on, on, off (twice) of equal
-// length; in the "on" phases it takes a checkpoint every interval (flush,
-// Pebble checkpoint, request until synced: what the app waits for) while
-// the agent uploads the previous ones in the background. The write rate
-// is writes over wall-clock time, pauses included.
+// length; in the "on" phases it takes a checkpoint every interval the way an
+// app does, from its own goroutine, with client.CheckpointPebble (a Pebble
+// checkpoint with the WAL tail, handed off, until synced), while the agent
+// uploads the previous ones in the background. The write rate is writes
+// over wall-clock time. The pause figures are the checkpoint goroutine's
+// wait (Pebble's checkpoint and the sync phase).
 func (r *run) appThroughput(ctx context.Context) error {
 	if err := r.ensureStore(ctx); err != nil {
 		return err
@@ -37,41 +37,43 @@ func (r *run) appThroughput(ctx context.Context) error {
 		writes int64
 		d      time.Duration
 	}
-	for _, p := range fig.Phases {
-		on := p == "on"
-		start := time.Now()
-		lastCkpt := start
-		var writes int64
-		for time.Since(start) < phase {
-			rs, err := r.w.Round(ctx)
-			if err != nil {
-				return fmt.Errorf("workload round: %w", err)
+	// checkpoints takes a checkpoint every interval until stop closes, from
+	// its own goroutine, as a server's checkpoint timer would: Pebble's
+	// Checkpoint does not block writers, so the writer loop goes on.
+	checkpoints := func(stop <-chan struct{}) error {
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-tick.C:
 			}
-			writes += int64(rs.Writes())
-			if !on || time.Since(lastCkpt) < interval {
-				continue
-			}
-			lastCkpt = time.Now()
 			n := r.next
 			r.next++
-			dir := filepath.Join(r.root, fmt.Sprintf("snap-%d", n))
 			t0 := time.Now()
-			if _, err := r.snapshot(dir); err != nil {
-				return err
-			}
-			snaps = append(snaps, ms(time.Since(t0)))
-			pend, err := r.inc.client.Send(ctx, client.Request{Task: task, Checkpoint: n, Dir: dir, Engine: "pebble", Handoff: true})
+			pend, err := r.inc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, n)
+			mu.Lock()
 			pauses = append(pauses, ms(time.Since(t0)))
-			os.RemoveAll(dir)
+			if pend != nil {
+				snaps = append(snaps, ms(time.Since(t0))-float64(pend.Synced.SyncMS))
+			}
+			mu.Unlock()
 			var ae *client.Error
 			switch {
 			case errors.As(err, &ae) && ae.Code == "unavailable":
+				mu.Lock()
 				fig.CheckpointsRefused++
+				mu.Unlock()
 				continue
 			case err != nil:
 				return fmt.Errorf("checkpoint %d: %w", n, err)
 			}
+			mu.Lock()
 			fig.Checkpoints++
+			mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -82,16 +84,37 @@ func (r *run) appThroughput(ctx context.Context) error {
 				}
 			}()
 		}
+	}
+	for _, p := range fig.Phases {
+		on := p == "on"
+		stop := make(chan struct{})
+		ckptErr := make(chan error, 1)
+		if on {
+			go func() { ckptErr <- checkpoints(stop) }()
+		}
+		start := time.Now()
+		var writes int64
+		for time.Since(start) < phase {
+			rs, err := r.w.Round(ctx)
+			if err != nil {
+				return fmt.Errorf("workload round: %w", err)
+			}
+			writes += int64(rs.Writes())
+		}
 		d := time.Since(start)
+		if on {
+			close(stop)
+			if err := <-ckptErr; err != nil {
+				return err
+			}
+			wg.Wait() // the uploads of this phase end before the next phase starts
+		}
 		if p != "warmup" {
 			i := map[bool]int{false: 0, true: 1}[on]
 			totals[i].writes += writes
 			totals[i].d += d
 		}
 		fig.PhaseWritesPerS = append(fig.PhaseWritesPerS, round(float64(writes)/d.Seconds(), 5))
-		if on {
-			wg.Wait() // the uploads of this phase end before the next phase starts
-		}
 	}
 	if failed != nil {
 		return fmt.Errorf("a checkpoint taken while measuring throughput failed: %w", failed)
