@@ -2,11 +2,14 @@ package bench
 
 import (
 	"context"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -242,11 +245,12 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 	fig := &RestoreFigure{Checkpoint: n, Keys: exp.Keys()}
 	r.rep.Restore = fig
 	var errs []string
-	for _, source := range []string{"local", "remote"} {
+	for _, source := range []string{"local", "local-identity", "remote"} {
 		dir := filepath.Join(r.root, "restore-"+source)
 		o := restore.Options{Store: r.inc.store, Job: r.inc.job, Task: task, Target: dir, Checkpoint: n}
-		if source == "local" {
+		if source != "remote" {
 			o.LocalDir = r.inc.localDir
+			o.TrustUnchangedLocal = source == "local-identity"
 		}
 		t0 := time.Now()
 		res, err := restore.Run(ctx, o)
@@ -260,9 +264,13 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 		if verr != nil {
 			errs = append(errs, fmt.Sprintf("restore from %s did not verify: %v", source, verr))
 		}
-		if source == "local" {
+		switch source {
+		case "local":
 			fig.LocalMS, fig.BytesLocal, fig.LocalVerified = ms(d), res.BytesLocal, verr == nil
-		} else {
+		case "local-identity":
+			fig.LocalIdentityMS = ms(d)
+			fig.LocalVerified = fig.LocalVerified && verr == nil
+		default:
 			fig.RemoteMS, fig.BytesRemote, fig.RemoteVerified = ms(d), res.BytesRemote, verr == nil
 		}
 		os.RemoveAll(dir)
@@ -270,6 +278,14 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 	}
 	if fig.LocalMS > 0 {
 		fig.Speedup = round(fig.RemoteMS/fig.LocalMS, 4)
+	}
+	if fig.LocalIdentityMS > 0 {
+		fig.SpeedupIdentity = round(fig.RemoteMS/fig.LocalIdentityMS, 4)
+	}
+	fig.SHA256BytesPerS = sha256Rate()
+	if fig.SHA256BytesPerS > 0 && fig.RemoteMS > 0 {
+		floor := float64(fig.Bytes) / fig.SHA256BytesPerS * 1000 // ms
+		fig.SpeedupBound = round(fig.RemoteMS/floor, 4)
 	}
 	if len(errs) > 0 {
 		fig.Error = strings.Join(errs, "; ")
@@ -289,4 +305,27 @@ func verifyStore(ctx context.Context, dir string, memTable uint64, exp *workload
 		verr = err
 	}
 	return verr
+}
+
+// sha256Rate measures SHA-256 on every core at once, in bytes/s: the speed
+// limit of a restore that hashes every byte it restores.
+func sha256Rate() float64 {
+	workers := runtime.GOMAXPROCS(0)
+	const chunk, rounds = 1 << 20, 128
+	buf := make([]byte, chunk)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h := sha256.New()
+			for range rounds {
+				h.Write(buf)
+			}
+			h.Sum(nil)
+		}()
+	}
+	wg.Wait()
+	return round(float64(workers*chunk*rounds)/time.Since(t0).Seconds(), 4)
 }

@@ -16,6 +16,7 @@
 package localrecovery
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -109,6 +110,10 @@ func (s *Store) chkDir(task string, n uint64) string {
 }
 
 func (s *Store) manifestPath(task string, n uint64) string { return s.chkDir(task, n) + ".manifest" }
+
+// idsPath holds the inode identities of a complete checkpoint's local files
+// as they were when it completed (see Local.Unchanged).
+func (s *Store) idsPath(task string, n uint64) string { return s.chkDir(task, n) + ".ids" }
 
 // Link hard-links a snapshot into the local store and inspects it: Take
 // followed by Inspect, for callers that need both at once.
@@ -268,6 +273,25 @@ func copyFile(from, to string) error {
 // files) and removes the task's older local checkpoints. Checkpoints newer
 // than n (in flight) are kept.
 func (s *Store) Complete(task string, n uint64, manifest []byte) error {
+	m, err := manifests.Decode(manifest)
+	if err != nil {
+		return fmt.Errorf("local store: %w", err)
+	}
+	// The identities the files have now, right after their hashes went into
+	// the manifest: what Local.Unchanged compares against.
+	ids := map[string]Identity{}
+	for _, f := range m.Files {
+		if st, err := stat(filepath.Join(s.chkDir(task, n), f.Name)); err == nil && st != nil && st.Size == f.Size {
+			ids[f.Name] = st.ID()
+		}
+	}
+	idsJSON, err := json.Marshal(ids)
+	if err != nil {
+		return fmt.Errorf("local store: %w", err)
+	}
+	if err := os.WriteFile(s.idsPath(task, n), idsJSON, 0o640); err != nil {
+		return fmt.Errorf("local store: %w", err)
+	}
 	p := s.manifestPath(task, n)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, manifest, 0o640); err != nil {
@@ -297,6 +321,9 @@ func (s *Store) Discard(task string, n uint64) error {
 	if err := os.Remove(s.manifestPath(task, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("local store: %w", err)
 	}
+	if err := os.Remove(s.idsPath(task, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("local store: %w", err)
+	}
 	if err := os.RemoveAll(s.chkDir(task, n)); err != nil {
 		return fmt.Errorf("local store: %w", err)
 	}
@@ -315,7 +342,7 @@ func (s *Store) checkpoints(task string) ([]uint64, error) {
 	seen := map[uint64]bool{}
 	var out []uint64
 	for _, e := range entries {
-		name := strings.TrimSuffix(e.Name(), ".manifest")
+		name := strings.TrimSuffix(strings.TrimSuffix(e.Name(), ".manifest"), ".ids")
 		if len(name) != 20 {
 			continue
 		}
@@ -335,6 +362,22 @@ type Local struct {
 	Checkpoint uint64
 	Dir        string
 	Manifest   *manifests.Manifest
+	ids        map[string]Identity
+}
+
+// Unchanged reports whether the local file name is the very inode the
+// checkpoint completed with, unwritten since: same device, inode, size and
+// mtime as recorded then. Such a file holds the bytes whose SHA-256 the
+// manifest names, unless the disk itself corrupted them (which mtime does
+// not show): a restore that trusts Unchanged instead of hashing trades that
+// check for speed, and must say so.
+func (l *Local) Unchanged(name string) bool {
+	want, ok := l.ids[name]
+	if !ok {
+		return false
+	}
+	f, err := stat(l.Path(name))
+	return err == nil && f != nil && f.ID() == want
 }
 
 // Path returns the local path of a file of the checkpoint.
@@ -368,7 +411,11 @@ func (s *Store) load(task string, n uint64) *Local {
 	if err != nil || m.Task != task || m.Checkpoint != n {
 		return nil
 	}
-	return &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m}
+	l := &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m}
+	if b, err := os.ReadFile(s.idsPath(task, n)); err == nil {
+		json.Unmarshal(b, &l.ids) // unreadable: nothing counts as unchanged
+	}
+	return l
 }
 
 // Recover tidies a task's local store after a restart: it keeps the newest

@@ -48,6 +48,14 @@ type Options struct {
 	IfCheckpointExists bool
 	// Parallelism bounds concurrent file restores (default 8).
 	Parallelism int
+	// TrustUnchangedLocal skips hashing a local file that is still the very
+	// inode its checkpoint completed with, unwritten since (same device,
+	// inode, size and mtime; see localrecovery.Local.Unchanged). It makes a
+	// same-node restore cost a hard link per file instead of a SHA-256 pass
+	// over the state, and gives up detecting corruption by the disk itself.
+	// Off by default: every restored byte is verified. Remote bytes are
+	// always verified.
+	TrustUnchangedLocal bool
 	// Progress, when set, is called as bytes land (total is the full size).
 	Progress func(done, total int64)
 }
@@ -66,7 +74,11 @@ type Result struct {
 	FilesRemote int    `json:"files_remote"`
 	// LocalFallbacks counts local files that were missing or corrupt and
 	// came from storage instead.
-	LocalFallbacks int    `json:"local_fallbacks"`
+	LocalFallbacks int `json:"local_fallbacks"`
+	// LocalVerification says how local files were checked: "sha256" (every
+	// byte hashed) or "identity" (TrustUnchangedLocal: unchanged inodes
+	// trusted, the others hashed).
+	LocalVerification string `json:"local_verification,omitempty"`
 	DurationMS     int64  `json:"duration_ms"`
 	Target         string `json:"target,omitempty"`
 }
@@ -157,7 +169,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 			dst := filepath.Join(tmp, f.Name)
 			if local != nil {
-				used, err := fromLocal(local.Path(f.Name), dst, f)
+				used, err := fromLocal(local.Path(f.Name), dst, f, o.TrustUnchangedLocal && local.Unchanged(f.Name))
 				if err != nil {
 					return fmt.Errorf("restore %s: %w", f.Name, err)
 				}
@@ -191,9 +203,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := syncDir(filepath.Dir(target)); err != nil {
 		return nil, fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
 	}
-	if ls != nil {
+	if local != nil {
+		res.LocalVerification = "sha256"
+		if o.TrustUnchangedLocal {
+			res.LocalVerification = "identity"
+		}
+	}
+	if ls != nil && (local == nil || fallbacks.Load() > 0) {
 		// Restore inherits: the agent on this local dir will know these
 		// files (and their inodes) as checkpoint n and upload none of them.
+		// (When every file came from the local copy of n, that copy already
+		// says so, and its shared files are the target's inodes.)
 		if _, err := ls.Adopt(o.Task, m, encoded, target); err != nil {
 			return nil, fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
 		}
@@ -258,14 +278,16 @@ func makeTemp(target string) (string, error) {
 // fromLocal takes a file from the local copy if it is there and matches
 // the manifest. Shared files are hard-linked (copied across devices);
 // private files are copied, since the engine may append to them.
-func fromLocal(src, dst string, f manifests.File) (bool, error) {
+func fromLocal(src, dst string, f manifests.File, unchanged bool) (bool, error) {
 	fi, err := os.Lstat(src)
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != f.Size {
 		return false, nil
 	}
-	sum, err := hashFile(src)
-	if err != nil || sum != f.SHA256 {
-		return false, nil
+	if !unchanged {
+		sum, err := hashFile(src)
+		if err != nil || sum != f.SHA256 {
+			return false, nil
+		}
 	}
 	if f.Kind == manifests.Shared {
 		err := os.Link(src, dst)

@@ -245,3 +245,50 @@ func TestAMaliciousManifestIsRefusedBeforeAnythingIsWritten(t *testing.T) {
 		})
 	}
 }
+
+func TestIdentityModeTrustsUnchangedInodesAndHashesTheRest(t *testing.T) {
+	e := setup(t)
+	l := e.local.Get("t", 3)
+	orig1, _ := os.ReadFile(filepath.Join(e.snap, "000001.sst"))
+	orig2, _ := os.ReadFile(filepath.Join(e.snap, "000002.sst"))
+	// An in-place corruption that keeps size and mtime (bit rot, say) is
+	// invisible to identity mode: the documented price of its speed.
+	rot := l.Path("000001.sst")
+	fi, _ := os.Stat(rot)
+	b, _ := os.ReadFile(rot)
+	b[7] ^= 0xff
+	os.WriteFile(rot, b, 0o644)
+	os.Chtimes(rot, fi.ModTime(), fi.ModTime())
+	// A rewritten file (new mtime) is no longer the recorded inode state: it
+	// is hashed, found corrupt, and fetched from storage.
+	w := l.Path("000002.sst")
+	os.Remove(w)
+	os.WriteFile(w, bytes.Repeat([]byte("z"), 50_000), 0o644)
+
+	res, err := e.run(restore.Options{LocalDir: filepath.Join(e.base, "local"), TrustUnchangedLocal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LocalVerification != "identity" || res.LocalFallbacks != 1 || res.BytesRemote != 50_000 {
+		t.Fatalf("identity mode: %+v", res)
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.target, "000002.sst")); !bytes.Equal(got, orig2) {
+		t.Fatal("the rewritten local file was trusted")
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.target, "000001.sst")); bytes.Equal(got, orig1) {
+		t.Fatal("identity mode was expected to miss the in-place corruption (it does not hash)")
+	}
+
+	// The default mode hashes every local byte and catches the bit rot.
+	os.RemoveAll(e.target)
+	res, err = e.run(restore.Options{LocalDir: filepath.Join(e.base, "local")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.LocalVerification != "sha256" || res.LocalFallbacks < 1 {
+		t.Fatalf("sha256 mode: %+v", res)
+	}
+	if got, _ := os.ReadFile(filepath.Join(e.target, "000001.sst")); !bytes.Equal(got, orig1) {
+		t.Fatal("sha256 mode restored a corrupt local file")
+	}
+}

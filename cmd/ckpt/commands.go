@@ -24,12 +24,16 @@ func runRestore(ctx context.Context, args []string) error {
 	ifNotExists := fs.Bool("if-not-exists", false, "succeed and do nothing if the target already holds a store")
 	ifCkpt := fs.Bool("if-checkpoint-exists", false, "succeed and do nothing if storage holds no checkpoint of the task")
 	par := fs.Int("parallelism", 8, "files restored at once")
+	verifyLocal := fs.String("verify-local", "sha256", "how to check local files: sha256 (hash every byte) or identity (trust a file that is still the inode its checkpoint completed with, unwritten since; faster, blind to disk corruption)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parse(fs, args, "storage", "job", "task", "target"); err != nil {
 		return err
 	}
 	if *par < 1 {
 		return usageError{fmt.Errorf("--parallelism must be at least 1")}
+	}
+	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
+		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
 	st, err := openStore(ctx, *store)
 	if err != nil {
@@ -40,6 +44,7 @@ func runRestore(ctx context.Context, args []string) error {
 	res, err := restore.Run(ctx, restore.Options{
 		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, LocalDir: *localDir,
 		IfNotExists: *ifNotExists, IfCheckpointExists: *ifCkpt, Parallelism: *par, Progress: bar.update,
+		TrustUnchangedLocal: *verifyLocal == "identity",
 	})
 	bar.done()
 	if err != nil {
