@@ -79,8 +79,8 @@ type Result struct {
 	// byte hashed) or "identity" (TrustUnchangedLocal: unchanged inodes
 	// trusted, the others hashed).
 	LocalVerification string `json:"local_verification,omitempty"`
-	DurationMS     int64  `json:"duration_ms"`
-	Target         string `json:"target,omitempty"`
+	DurationMS        int64  `json:"duration_ms"`
+	Target            string `json:"target,omitempty"`
 }
 
 // ErrNoCheckpoint is returned (wrapped) when storage holds no complete
