@@ -26,6 +26,11 @@ import (
 	"ckpt/localrecovery"
 	"ckpt/manifests"
 	"ckpt/storage"
+	"ckpt/telemetry"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Options says what to restore where.
@@ -131,6 +136,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 
+	ctx, span := telemetry.Tracer().Start(ctx, "restore", trace.WithAttributes(
+		attribute.String("ckpt.job", o.Job), attribute.String("ckpt.task", o.Task), attribute.Int64("ckpt.checkpoint", int64(n)),
+		attribute.Int("ckpt.files", len(m.Files)), attribute.Int64("ckpt.full_size", m.FullSize)))
+	defer span.End()
 	var local *localrecovery.Local
 	var ls *localrecovery.Store
 	if o.LocalDir != "" {
@@ -190,8 +199,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		})
 	}
 	if err := g.Wait(); err != nil {
+		span.SetStatus(codes.Error, err.Error())
 		return nil, err
 	}
+	span.SetAttributes(attribute.Int64("ckpt.bytes_local", bLocal.Load()), attribute.Int64("ckpt.bytes_remote", bRemote.Load()),
+		attribute.Int64("ckpt.local_fallbacks", fallbacks.Load()))
 	if err := syncDir(tmp); err != nil {
 		return nil, fmt.Errorf("restore: fsync %s: %w", tmp, err)
 	}

@@ -71,17 +71,18 @@ func runAgent(ctx context.Context, args []string) error {
 	if *uploadRate < 0 || *drillRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate and --drill-rate must not be negative")}
 	}
+	// Telemetry first: the store's metrics decorator registers with it.
+	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: *store, Version: version})
+	if err != nil {
+		return err
+	}
+	defer tel.Shutdown(context.Background())
 	base, err := openStore(ctx, *store)
 	if err != nil {
 		return err
 	}
 	defer base.Close()
 	st := ratelimit.New(base, ratelimit.Limits{Upload: *uploadRate})
-	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: base.String(), Version: version})
-	if err != nil {
-		return err
-	}
-	defer tel.Shutdown(context.Background())
 	cfg := agent.Config{
 		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,

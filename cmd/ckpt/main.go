@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"ckpt/storage"
 	_ "ckpt/storage/file"
 	_ "ckpt/storage/gs"
+	"ckpt/storage/metered"
 	"ckpt/storage/retry"
 	_ "ckpt/storage/s3"
 )
@@ -143,14 +145,18 @@ func parse(fs *flag.FlagSet, args []string, required ...string) error {
 }
 
 // openStore opens a storage URL (the backend checks at once that it can
-// reach it, with a message that says what to check) and retries transient
-// failures of every later call.
-func openStore(ctx context.Context, url string) (storage.Store, error) {
-	s, err := storage.Open(ctx, url)
+// reach it, with a message that says what to check), measures every call
+// it makes (each retry attempt counts), and retries transient failures.
+func openStore(ctx context.Context, rawURL string) (storage.Store, error) {
+	s, err := storage.Open(ctx, rawURL)
 	if err != nil {
 		return nil, err
 	}
-	return retry.New(s, retry.Options{MaxAttempts: 4}), nil
+	scheme := "unknown"
+	if u, err := url.Parse(rawURL); err == nil {
+		scheme = u.Scheme
+	}
+	return retry.New(metered.New(s, scheme), retry.Options{MaxAttempts: 4}), nil
 }
 
 // printJSON writes v as the one JSON value on stdout.
