@@ -51,6 +51,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
 	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	v4 "github.com/aws/aws-sdk-go-v2/aws/signer/v4"
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager"
@@ -293,6 +294,15 @@ func (s *Store) objectKey(key string) (*string, error) {
 // once disables the SDK's retries for one call.
 func once(o *s3.Options) { o.RetryMaxAttempts = 1 }
 
+// unsignedPayload signs a data upload without hashing its body, as the SDK
+// does over HTTPS anyway: over plain HTTP it would otherwise read every
+// byte through SHA-256 for the signature, a second full pass of the data
+// (the uploader has hashed it already). The body's integrity is still
+// checked by the server against the request's CRC32 checksum.
+func unsignedPayload(o *s3.Options) {
+	o.APIOptions = append(o.APIOptions, v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
+}
+
 // Put writes the object with one PutObject, or a multipart upload above
 // PartSize.
 func (s *Store) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
@@ -317,7 +327,7 @@ func (s *Store) put(ctx context.Context, op, key string, body io.ReadSeeker, siz
 		return fmt.Errorf("%s %s: %w", op, key, err)
 	}
 	var ifNoneMatch *string
-	var optFns []func(*s3.Options)
+	optFns := []func(*s3.Options){unsignedPayload}
 	if exclusive {
 		ifNoneMatch = aws.String("*")
 		optFns = append(optFns, once)
@@ -415,7 +425,7 @@ func (s *Store) multipartAt(ctx context.Context, op, key string, k *string, body
 				Bucket: &s.bucket, Key: k, UploadId: created.UploadId, PartNumber: num,
 				Body: io.NewSectionReader(ra, off, length), ContentLength: aws.Int64(length),
 				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
-			})
+			}, unsignedPayload)
 			if err != nil {
 				return fmt.Errorf("part %d: %w", i+1, err)
 			}
