@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"ckpt/telemetry"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -32,7 +33,7 @@ func (r *run) ensureStore(ctx context.Context) error {
 		return err
 	}
 	r.w = w
-	r.logf("loading %s into Pebble", human(r.o.StateBytes))
+	r.logf("loading %s into Pebble", telemetry.FormatBytes(r.o.StateBytes))
 	if _, err := w.Round(ctx); err != nil {
 		return fmt.Errorf("load the state: %w", err)
 	}
@@ -192,7 +193,7 @@ func (r *run) incremental(ctx context.Context) error {
 		}
 		os.RemoveAll(dir)
 		r.logf("checkpoint %d: %d files, %s full, %s new, wrote %s (full agent %s), %.0f ms vs %.0f ms",
-			n, s.Files, human(s.FullSize), human(s.NewBytes), human(s.BytesWritten), human(s.FullBytesWritten), s.DurationMS, s.FullDurationMS)
+			n, s.Files, telemetry.FormatBytes(s.FullSize), telemetry.FormatBytes(s.NewBytes), telemetry.FormatBytes(s.BytesWritten), telemetry.FormatBytes(s.FullBytesWritten), s.DurationMS, s.FullDurationMS)
 	}
 	if full != nil {
 		r.summarizeSeries()
@@ -274,7 +275,7 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 			fig.RemoteMS, fig.BytesRemote, fig.RemoteVerified = ms(d), res.BytesRemote, verr == nil
 		}
 		os.RemoveAll(dir)
-		r.logf("restore from %s: %s in %.1f ms (local %s, remote %s), verified %v", source, human(res.Bytes), ms(d), human(res.BytesLocal), human(res.BytesRemote), verr == nil)
+		r.logf("restore from %s: %s in %.1f ms (local %s, remote %s), verified %v", source, telemetry.FormatBytes(res.Bytes), ms(d), telemetry.FormatBytes(res.BytesLocal), telemetry.FormatBytes(res.BytesRemote), verr == nil)
 	}
 	if fig.LocalMS > 0 {
 		fig.Speedup = round(fig.RemoteMS/fig.LocalMS, 4)

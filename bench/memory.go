@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"ckpt/telemetry"
 	"context"
 	"errors"
 	"fmt"
@@ -161,7 +162,7 @@ func (r *run) memory(ctx context.Context) error {
 	fig.UploadMS = ms(d)
 	fig.UploadBytesPerS = round(float64(fig.CheckpointBytes)/d.Seconds(), 5)
 	r.rep.Memory = fig
-	r.logf("memory: peak RSS %s uploading %s (%s)", human(fig.PeakRSSBytes), human(total), rate(fig.UploadBytesPerS))
+	r.logf("memory: peak RSS %s uploading %s (%s)", telemetry.FormatBytes(fig.PeakRSSBytes), telemetry.FormatBytes(total), rate(fig.UploadBytesPerS))
 	return nil
 }
 

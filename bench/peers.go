@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"bytes"
+	"ckpt/telemetry"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -380,7 +381,7 @@ func (r *run) endToEnd(ctx context.Context) error {
 	}
 	e.PauseMS, e.UploadMS = ms(s.pause), ms(s.total-s.pause)
 	e.CheckpointSize, e.FilesUploaded = s.ev.CheckpointSize, s.ev.FilesUploaded
-	r.logf("end to end: %.0f ms for %s added (%s shipped)", e.CkptMS, human(added), human(e.CheckpointSize))
+	r.logf("end to end: %.0f ms for %s added (%s shipped)", e.CkptMS, telemetry.FormatBytes(added), telemetry.FormatBytes(e.CheckpointSize))
 
 	rc := PeerIncrement{Tool: "rclone copy", Reason: x.why["rclone"]}
 	if x.rclone != "" {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"ckpt/telemetry"
 	"fmt"
 	"io"
 	"math"
@@ -296,13 +297,13 @@ func (r *Report) finish() {
 	e := r.EndToEnd
 	note = ""
 	if e != nil && e.Scaled {
-		note = fmt.Sprintf("scaled: the state is %s, the target is stated for 1 GiB (run with --state-bytes 1GiB)", human(e.StateBytes))
+		note = fmt.Sprintf("scaled: the state is %s, the target is stated for 1 GiB (run with --state-bytes 1GiB)", telemetry.FormatBytes(e.StateBytes))
 	}
 	add("checkpoint adding 1.5% to the state, end to end", e != nil, val(e, func(e *EndToEnd) float64 { return e.CkptMS / 1000 }), "s", "<=", 0.3, e != nil && e.Scaled, note)
 	rs := r.Restore
 	note = ""
 	if rs != nil {
-		note = fmt.Sprintf("every local byte hashed: SHA-256 runs at %s/s on this machine's cores, so no such restore can beat this remote one by more than %.1fx", human(int64(rs.SHA256BytesPerS)), rs.SpeedupBound)
+		note = fmt.Sprintf("every local byte hashed: SHA-256 runs at %s/s on this machine's cores, so no such restore can beat this remote one by more than %.1fx", telemetry.FormatBytes(int64(rs.SHA256BytesPerS)), rs.SpeedupBound)
 	}
 	add("local restore speedup over remote restore (sha256-verified)", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.Speedup }), "x", ">=", 50, false, note)
 	add("local restore speedup over remote restore (--verify-local=identity)", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.SpeedupIdentity }), "x", ">=", 50, false,
@@ -312,7 +313,7 @@ func (r *Report) finish() {
 	m := r.Memory
 	note = ""
 	if m != nil && m.Scaled {
-		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", human(m.CheckpointBytes))
+		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", telemetry.FormatBytes(m.CheckpointBytes))
 	}
 	add("agent peak RSS uploading a large checkpoint", m != nil, val(m, func(m *Memory) float64 { return float64(m.PeakRSSBytes) / (1 << 20) }), "MiB", "<=", 128, m != nil && m.Scaled, note)
 }
@@ -332,18 +333,6 @@ func round(v float64, digits int) float64 {
 	return math.Round(v*p) / p
 }
 
-func human(b int64) string {
-	switch {
-	case b >= 1<<30:
-		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
-	}
-	return fmt.Sprintf("%d B", b)
-}
-
 func rate(bps float64) string {
 	if bps <= 0 {
 		return "-"
@@ -355,7 +344,7 @@ func rate(bps float64) string {
 func (r *Report) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ckpt bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
-		human(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
+		telemetry.FormatBytes(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
 	fmt.Fprintln(tw, "FIGURE\tMEASURED\tTARGET\tRESULT")
 	for _, t := range r.Targets {
 		v, res := "-", "not measured"
@@ -382,15 +371,15 @@ func (r *Report) Print(w io.Writer) error {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "N\tfiles\tfull size\tflushed\tcompacted\tnew\twritten\tampl\tpause ms\tinc ms\tfull written\tfull ms\tbytes ratio\tdur ratio\t")
 		for _, s := range r.Series {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.1f\t%s\t%.1f\t%.4f\t%.3f\t\n", s.Checkpoint, s.Files, human(s.FullSize), human(s.FlushedBytes), human(s.CompactedBytes), human(s.NewBytes),
-				human(s.BytesWritten), s.Amplification, s.PauseMS, s.DurationMS, human(s.FullBytesWritten), s.FullDurationMS, s.BytesRatio, s.DurationRatio)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.1f\t%s\t%.1f\t%.4f\t%.3f\t\n", s.Checkpoint, s.Files, telemetry.FormatBytes(s.FullSize), telemetry.FormatBytes(s.FlushedBytes), telemetry.FormatBytes(s.CompactedBytes), telemetry.FormatBytes(s.NewBytes),
+				telemetry.FormatBytes(s.BytesWritten), s.Amplification, s.PauseMS, s.DurationMS, telemetry.FormatBytes(s.FullBytesWritten), s.FullDurationMS, s.BytesRatio, s.DurationRatio)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
 	if tr := r.Transfer; tr != nil {
-		fmt.Fprintf(w, "\nUpload and restore of the same %s in %d files:\n", human(tr.Bytes), tr.Files)
+		fmt.Fprintf(w, "\nUpload and restore of the same %s in %d files:\n", telemetry.FormatBytes(tr.Bytes), tr.Files)
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOOL\tUPLOAD\tRESTORE\tWHERE\tNOTE")
 		for _, t := range tr.Tools {
@@ -407,7 +396,7 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	if e := r.EndToEnd; e != nil {
 		fmt.Fprintf(w, "\nAdding %s to a %s state: ckpt %.0f ms end to end (snapshot %.0f ms, pause %.1f ms, upload %.0f ms, %s shipped)",
-			human(e.AddedBytes), human(e.StateBytes), e.CkptMS, e.SnapshotMS, e.PauseMS, e.UploadMS, human(e.CheckpointSize))
+			telemetry.FormatBytes(e.AddedBytes), telemetry.FormatBytes(e.StateBytes), e.CkptMS, e.SnapshotMS, e.PauseMS, e.UploadMS, telemetry.FormatBytes(e.CheckpointSize))
 		for _, p := range e.Peers {
 			if p.Available {
 				fmt.Fprintf(w, "; %s %.0f ms", p.Tool, p.MS)
@@ -419,7 +408,7 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	if rs := r.Restore; rs != nil {
 		fmt.Fprintf(w, "\nRestore of checkpoint %d (%s, %d files): local %.1f ms (%.1f ms with --verify-local=identity), remote %.1f ms (%.1fx, %.1fx); verified local %v, remote %v\n",
-			rs.Checkpoint, human(rs.Bytes), rs.Files, rs.LocalMS, rs.LocalIdentityMS, rs.RemoteMS, rs.Speedup, rs.SpeedupIdentity, rs.LocalVerified, rs.RemoteVerified)
+			rs.Checkpoint, telemetry.FormatBytes(rs.Bytes), rs.Files, rs.LocalMS, rs.LocalIdentityMS, rs.RemoteMS, rs.Speedup, rs.SpeedupIdentity, rs.LocalVerified, rs.RemoteVerified)
 	}
 	if a := r.AppThroughput; a != nil {
 		fmt.Fprintf(w, "\nApp throughput: %.0f writes/s with a checkpoint every %.0f ms (%d taken; app waited p50 %.1f ms of which flush+snapshot %.1f ms), %.0f without (phases %v: %.0f)\n",
@@ -430,7 +419,7 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	if m := r.Memory; m != nil {
 		fmt.Fprintf(w, "\nAgent process uploading %s in %d files: peak RSS %s (at start %s), %s\n",
-			human(m.CheckpointBytes), m.Files, human(m.PeakRSSBytes), human(m.BaselineRSS), rate(m.UploadBytesPerS))
+			telemetry.FormatBytes(m.CheckpointBytes), m.Files, telemetry.FormatBytes(m.PeakRSSBytes), telemetry.FormatBytes(m.BaselineRSS), rate(m.UploadBytesPerS))
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)

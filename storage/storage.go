@@ -76,6 +76,17 @@ type IncompleteCleaner interface {
 	CleanIncomplete(ctx context.Context, prefix string, olderThan time.Time) (n int, bytes int64, err error)
 }
 
+// OpenError is the one-line error a backend returns when it cannot use its
+// bucket at start: Error() is written for a person (bucket, endpoint, what
+// to check, never a secret); Unwrap gives the underlying error to programs.
+type OpenError struct {
+	Msg string
+	Err error
+}
+
+func (e *OpenError) Error() string { return e.Msg }
+func (e *OpenError) Unwrap() error { return e.Err }
+
 // Unwrapper is implemented by decorators so callers can reach optional
 // interfaces (such as IncompleteCleaner) of the store they wrap.
 type Unwrapper interface {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"ckpt/telemetry"
 	"context"
 	"fmt"
 
@@ -44,24 +45,10 @@ func runDrill(ctx context.Context, args []string) error {
 		return printJSON(res)
 	}
 	fmt.Printf("drill of %s checkpoint %d: %d files, %s restored from storage and verified in %d ms (%s/s)",
-		res.Task, res.Checkpoint, res.Files, human(res.Bytes), res.DurationMS, human(int64(res.ThroughputBytesPerS)))
+		res.Task, res.Checkpoint, res.Files, telemetry.FormatBytes(res.Bytes), res.DurationMS, telemetry.FormatBytes(int64(res.ThroughputBytesPerS)))
 	if res.EngineChecked {
 		fmt.Printf("; the store opens, %d keys", res.Keys)
 	}
 	fmt.Println()
 	return nil
-}
-
-// human formats bytes in binary units.
-func human(b int64) string {
-	const unit = 1024
-	if b < unit {
-		return fmt.Sprintf("%d B", b)
-	}
-	div, exp := int64(unit), 0
-	for n := b / unit; n >= unit; n /= unit {
-		div *= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f %ciB", float64(b)/float64(div), "KMGTPE"[exp])
 }

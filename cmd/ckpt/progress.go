@@ -1,6 +1,7 @@
 package main
 
 import (
+	"ckpt/telemetry"
 	"fmt"
 	"os"
 	"strings"
@@ -48,7 +49,7 @@ func (p *progress) update(done, total int64) {
 	const width = 30
 	n := int(frac * width)
 	fmt.Fprintf(os.Stderr, "\r%s [%s%s] %5.1f%% %s/%s %s/s ETA %s  ", p.label, strings.Repeat("=", n), strings.Repeat(" ", width-n),
-		frac*100, human(done), human(total), human(int64(rate)), eta)
+		frac*100, telemetry.FormatBytes(done), telemetry.FormatBytes(total), telemetry.FormatBytes(int64(rate)), eta)
 }
 
 // done ends the bar's line.

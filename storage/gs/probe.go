@@ -1,6 +1,7 @@
 package gs
 
 import (
+	"ckpt/storage"
 	"context"
 	"errors"
 	"fmt"
@@ -14,15 +15,8 @@ import (
 )
 
 // OpenError is the one-line error New returns when the bucket cannot be
-// used. Error() is written for a person (bucket, endpoint, what to check);
-// Unwrap gives the library's error for programs.
-type OpenError struct {
-	Msg string
-	Err error
-}
-
-func (e *OpenError) Error() string { return e.Msg }
-func (e *OpenError) Unwrap() error { return e.Err }
+// used (see storage.OpenError).
+type OpenError = storage.OpenError
 
 // probe reads the bucket's metadata once, without retries, and explains a
 // failure.
