@@ -52,6 +52,9 @@ type Config struct {
 	// MaxQueued bounds the synced checkpoints of one task waiting for an
 	// async slot; beyond it requests are refused as unavailable (default 4).
 	MaxQueued int
+	// CommitPatience is how long the manifest commit keeps retrying
+	// transient storage errors once every object is uploaded (default 2m).
+	CommitPatience time.Duration
 	// ShutdownGrace is how long a stopping agent lets in-flight checkpoints
 	// finish before aborting them (default 30s).
 	ShutdownGrace time.Duration
@@ -103,6 +106,9 @@ func (c *Config) defaults() error {
 	}
 	if c.UploadConcurrency < 1 || c.MaxConcurrent < 1 || c.MaxQueued < 1 {
 		return fmt.Errorf("upload concurrency, max concurrent and max queued must be at least 1")
+	}
+	if c.CommitPatience == 0 {
+		c.CommitPatience = 2 * time.Minute
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 30 * time.Second

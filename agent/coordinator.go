@@ -394,17 +394,14 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	}, nil
 }
 
-// commitPatience is how long a commit keeps retrying transient storage
-// errors: the objects are all uploaded by then, and giving up would waste
-// them. Retrying the conditional create is safe: the retry decorator
-// recognises its own earlier write by its bytes.
-const commitPatience = 2 * time.Minute
-
 // commit writes the manifest, retrying transient failures with backoff
-// for up to commitPatience. Cancellation (abort, shutdown) stops retries
-// but never interrupts a write in progress.
+// for up to Config.CommitPatience: the objects are all uploaded by then,
+// and giving up would waste them. Retrying the conditional create is safe:
+// the retry decorator recognises its own earlier write by its bytes.
+// Cancellation (abort, shutdown) stops retries but never interrupts a
+// write in progress.
 func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte) error {
-	deadline := time.Now().Add(commitPatience)
+	deadline := time.Now().Add(a.cfg.CommitPatience)
 	delay := 500 * time.Millisecond
 	for {
 		err := manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded)

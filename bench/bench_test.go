@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"ckpt/internal/servers"
 	"context"
 	"encoding/json"
 	"os"
@@ -25,9 +26,9 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	root := repoRootFrom(wd)
-	if root == "" {
-		t.Fatal("no go.mod above the test's directory")
+	root, err := servers.RepoRoot(wd)
+	if err != nil {
+		t.Fatal(err)
 	}
 	exe := filepath.Join(t.TempDir(), "ckpt")
 	build := exec.Command("go", "build", "-o", exe, "./cmd/ckpt")

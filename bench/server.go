@@ -1,10 +1,10 @@
 package bench
 
 import (
+	"ckpt/internal/servers"
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -24,12 +24,10 @@ import (
 
 // Pinned S3 server the bench starts when no --storage is given.
 const (
-	versitygwModule  = "github.com/versity/versitygw/cmd/versitygw"
-	versitygwVersion = "v1.8.0"
-	benchBucket      = "bench"
-	benchAccessKey   = "benchkey"
-	benchSecretKey   = "benchsecret"
-	benchRegion      = "us-east-1"
+	benchBucket    = "bench"
+	benchAccessKey = "benchkey"
+	benchSecretKey = "benchsecret"
+	benchRegion    = "us-east-1"
 )
 
 // target is where the bench writes: how to open it in this process, how a
@@ -123,54 +121,28 @@ func openTarget(ctx context.Context, raw string) (*target, error) {
 	return t, nil
 }
 
-// findVersitygw returns the versitygw binary: <repo>/.bin/versitygw next to
-// the working directory or the executable, or on PATH; failing that it
-// installs the pinned version into <repo>/.bin with the go command.
+// findVersitygw returns the pinned versitygw in <repo>/.bin (the repository
+// of the working directory or of this binary), installing it there if
+// needed, or one on PATH when no repository is around.
 func findVersitygw(ctx context.Context) (string, error) {
 	var roots []string
 	if wd, err := os.Getwd(); err == nil {
-		if r := repoRootFrom(wd); r != "" {
+		if r, err := servers.RepoRoot(wd); err == nil {
 			roots = append(roots, r)
 		}
 	}
 	if exe, err := os.Executable(); err == nil {
-		if r := repoRootFrom(filepath.Dir(exe)); r != "" {
+		if r, err := servers.RepoRoot(filepath.Dir(exe)); err == nil {
 			roots = append(roots, r)
 		}
 	}
-	for _, r := range roots {
-		p := filepath.Join(r, ".bin", "versitygw")
-		if fi, err := os.Stat(p); err == nil && fi.Mode()&0o111 != 0 {
+	if len(roots) == 0 {
+		if p, err := exec.LookPath("versitygw"); err == nil {
 			return p, nil
 		}
+		return "", errors.New("versitygw not found on PATH and no ckpt repository to install it into: install " + servers.VersitygwModule + "@" + servers.VersitygwVersion + " or pass --storage")
 	}
-	if p, err := exec.LookPath("versitygw"); err == nil {
-		return p, nil
-	}
-	if len(roots) == 0 {
-		return "", errors.New("versitygw not found in <repo>/.bin or on PATH: install it with `GOBIN=$PWD/.bin go install " + versitygwModule + "@" + versitygwVersion + "` or pass --storage")
-	}
-	bin := filepath.Join(roots[0], ".bin")
-	cmd := exec.CommandContext(ctx, "go", "install", versitygwModule+"@"+versitygwVersion)
-	cmd.Env = append(os.Environ(), "GOBIN="+bin, "GOWORK=off")
-	cmd.Dir = roots[0]
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("install versitygw (go install %s@%s): %v: %s", versitygwModule, versitygwVersion, err, strings.TrimSpace(string(out)))
-	}
-	return filepath.Join(bin, "versitygw"), nil
-}
-
-func repoRootFrom(dir string) string {
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
+	return servers.Install(ctx, roots[0], "versitygw", servers.VersitygwModule, servers.VersitygwVersion, nil)
 }
 
 // startVersitygw starts versitygw on a free loopback port over a fresh
@@ -186,7 +158,7 @@ func startVersitygw(ctx context.Context, root string) (*target, error) {
 	}
 	var lastErr error
 	for range 3 {
-		port, err := freePort()
+		port, err := servers.FreePort()
 		if err != nil {
 			return nil, err
 		}
@@ -228,7 +200,7 @@ func startVersitygw(ctx context.Context, root string) (*target, error) {
 		}
 		t := &target{
 			kind: "s3", endpoint: endpoint, bucket: benchBucket, access: benchAccessKey, secret: benchSecretKey,
-			desc: "versitygw " + versitygwVersion + " on " + endpoint + " (started by the bench)",
+			desc: "versitygw " + servers.VersitygwVersion + " on " + endpoint + " (started by the bench)",
 			stop: stop,
 		}
 		q := url.Values{"path_style": {"true"}, "endpoint": {endpoint}, "region": {benchRegion}}
@@ -249,15 +221,6 @@ func startVersitygw(ctx context.Context, root string) (*target, error) {
 		return t, nil
 	}
 	return nil, lastErr
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func waitHTTP(ctx context.Context, endpoint string, exited <-chan struct{}) error {

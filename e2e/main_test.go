@@ -3,6 +3,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"ckpt/internal/testservers"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -56,22 +57,7 @@ func runMain(m *testing.M) int {
 }
 
 // repoRoot walks up from the working directory to the directory of go.mod.
-func repoRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod above the working directory")
-		}
-		dir = parent
-	}
-}
+func repoRoot() (string, error) { return testservers.RepoRoot() }
 
 // lockedBuffer collects a process's stderr; the process writes while the
 // test reads.

@@ -14,10 +14,9 @@ package testservers
 
 import (
 	"bytes"
+	"ckpt/internal/servers"
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -29,12 +28,12 @@ import (
 	"time"
 )
 
-// Pinned server versions.
+// Pinned server versions (see package servers).
 const (
-	VersitygwModule      = "github.com/versity/versitygw/cmd/versitygw"
-	VersitygwVersion     = "v1.8.0"
-	FakeGCSServerModule  = "github.com/fsouza/fake-gcs-server"
-	FakeGCSServerVersion = "v1.56.1"
+	VersitygwModule      = servers.VersitygwModule
+	VersitygwVersion     = servers.VersitygwVersion
+	FakeGCSServerModule  = servers.FakeGCSServerModule
+	FakeGCSServerVersion = servers.FakeGCSServerVersion
 )
 
 // RepoRoot returns the directory holding go.mod, found by walking up from
@@ -44,80 +43,22 @@ func RepoRoot() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("no go.mod in the working directory or above it")
-		}
-		dir = parent
-	}
+	return servers.RepoRoot(dir)
 }
 
-// binary returns the path of the named server in <repo root>/.bin,
-// installing module@version there first if it is missing or another
-// version.
+// binary returns the path of the named server, installing it first if
+// needed (see servers.Install).
 func binary(t testing.TB, name, module, version string) string {
 	t.Helper()
 	root, err := RepoRoot()
 	if err != nil {
 		t.Fatalf("testservers: find the repository root: %v", err)
 	}
-	bin := filepath.Join(root, ".bin")
-	path := filepath.Join(bin, name)
-	stamp := filepath.Join(bin, "."+name+".version")
-	installed := func() bool {
-		v, err := os.ReadFile(stamp)
-		if err != nil || strings.TrimSpace(string(v)) != version {
-			return false
-		}
-		fi, err := os.Stat(path)
-		return err == nil && fi.Mode()&0o111 != 0
-	}
-	if installed() {
-		return path
-	}
-	if err := os.MkdirAll(bin, 0o755); err != nil {
-		t.Fatalf("testservers: %v", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(bin, ".install.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	path, err := servers.Install(context.Background(), root, name, module, version, func(f string, a ...any) { t.Logf("testservers: "+f, a...) })
 	if err != nil {
-		t.Fatalf("testservers: install lock: %v", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		t.Fatalf("testservers: install lock: %v", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if installed() { // another test binary installed it while we waited
-		return path
-	}
-	t.Logf("testservers: installing %s@%s into %s (once; about a minute)", module, version, bin)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool(), "install", module+"@"+version)
-	cmd.Env = append(os.Environ(), "GOBIN="+bin, "GOWORK=off")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("testservers: go install %s@%s failed (%v); the Go module proxy must be reachable:\n%s", module, version, err, tail(out, 2000))
-	}
-	if err := os.WriteFile(stamp, []byte(version+"\n"), 0o644); err != nil {
 		t.Fatalf("testservers: %v", err)
 	}
 	return path
-}
-
-// goTool finds the go command: on PATH, else where `go test` puts its own.
-func goTool() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	if root := os.Getenv("GOROOT"); root != "" {
-		return filepath.Join(root, "bin", "go")
-	}
-	return "go"
 }
 
 func tail(b []byte, n int) string {
@@ -130,12 +71,11 @@ func tail(b []byte, n int) string {
 // freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := servers.FreePort()
 	if err != nil {
-		t.Fatalf("testservers: find a free port: %v", err)
+		t.Fatalf("testservers: %v", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return port
 }
 
 // process is a started server.
