@@ -264,3 +264,28 @@ func TestGCRechecksAgesWhenItsListingIsStale(t *testing.T) {
 		t.Fatalf("GC deleted an object refreshed after its listing: %+v", rep)
 	}
 }
+
+// FuzzDecode: storage is not trusted. Whatever bytes a manifest object
+// holds, Decode returns an error or a manifest whose every file name is a
+// plain path element and whose keys stay inside the job; it never panics.
+func FuzzDecode(f *testing.F) {
+	good, _ := sample().Encode(0)
+	f.Add(good)
+	f.Add([]byte(`{"format":1,"sha256":"","body":{}}`))
+	f.Add([]byte(`{"format":2}`))
+	f.Add([]byte("{"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, err := Decode(data)
+		if err != nil {
+			return
+		}
+		for _, file := range m.Files {
+			if ValidFileName(file.Name) != nil {
+				t.Fatalf("accepted file name %q", file.Name)
+			}
+			if file.Key != "" && !strings.HasPrefix(file.Key, m.Job+"/") {
+				t.Fatalf("accepted key %q outside job %q", file.Key, m.Job)
+			}
+		}
+	})
+}
