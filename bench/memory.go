@@ -59,68 +59,13 @@ func (r *run) memory(ctx context.Context) error {
 	fig.Files += 2
 	fig.CheckpointBytes += 4096 + 16
 
-	dir := filepath.Join(r.root, "agents", "rss")
-	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
-		return err
-	}
-	sock, err := shortSocket(dir)
+	sc, err := r.sidecar(ctx, "rss", 0)
 	if err != nil {
 		return err
 	}
-	url := r.tgt.url
-	if url == "" {
-		url = r.o.Storage
-	}
-	args := []string{"agent", "--socket", sock, "--storage", url, "--job", "bench-" + r.id + "-rss",
-		"--local-dir", filepath.Join(dir, "local"), "--allow-root", r.root, "--log-level", "warn"}
-	if r.o.AgentMetricsAddr != "" {
-		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
-	}
-	cmd := exec.Command(r.o.AgentExe, args...)
-	cmd.Env = append(os.Environ(), r.tgt.env...)
-	logPath := filepath.Join(r.root, "agent-rss.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		return err
-	}
-	defer logf.Close()
-	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start %s agent: %w", r.o.AgentExe, err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
-	defer func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
-	agentLog := func() string { b, _ := os.ReadFile(logPath); return strings.TrimSpace(string(b)) }
+	defer sc.stop()
+	c, pid, agentLog := sc.client, sc.pid, sc.log
 
-	var c *client.Client
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if c, err = client.Dial(ctx, sock); err == nil {
-			break
-		}
-		select {
-		case <-exited:
-			return fmt.Errorf("ckpt agent exited at start: %s", agentLog())
-		case <-time.After(20 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("ckpt agent not serving after 30s: %s", agentLog())
-		}
-	}
-	defer c.Close()
-	if _, err := c.Hello(ctx); err != nil {
-		return err
-	}
-	pid := cmd.Process.Pid
 	fig.BaselineRSS, _ = procStatus(pid, "VmRSS")
 
 	var mu sync.Mutex
@@ -182,4 +127,86 @@ func procStatus(pid int, field string) (int64, error) {
 		}
 	}
 	return 0, errors.New("no " + field + " in /proc status")
+}
+
+// sidecarAgent is a `ckpt agent` run as its own process, as it is deployed.
+type sidecarAgent struct {
+	client *client.Client
+	pid    int
+	log    func() string
+	stop   func()
+}
+
+// sidecar starts `ckpt agent` as a separate process on the bench's storage,
+// at the given nice value (0: the app's priority), and connects to it.
+func (r *run) sidecar(ctx context.Context, name string, nice int) (*sidecarAgent, error) {
+	dir := filepath.Join(r.root, "agents", name)
+	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
+		return nil, err
+	}
+	sock, err := shortSocket(dir)
+	if err != nil {
+		return nil, err
+	}
+	url := r.tgt.url
+	if url == "" {
+		url = r.o.Storage
+	}
+	args := []string{"agent", "--socket", sock, "--storage", url, "--job", "bench-" + r.id + "-" + name,
+		"--local-dir", filepath.Join(dir, "local"), "--allow-root", r.root, "--log-level", "warn"}
+	if r.o.AgentMetricsAddr != "" && name == "rss" {
+		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
+	}
+	cmd := exec.Command(r.o.AgentExe, args...)
+	cmd.Env = append(os.Environ(), r.tgt.env...)
+	logPath := filepath.Join(r.root, "agent-"+name+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start %s agent: %w", r.o.AgentExe, err)
+	}
+	if nice != 0 {
+		syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(exited) }()
+	agentLog := func() string { b, _ := os.ReadFile(logPath); return strings.TrimSpace(string(b)) }
+	sc := &sidecarAgent{pid: cmd.Process.Pid, log: agentLog}
+	sc.stop = func() {
+		if sc.client != nil {
+			sc.client.Close()
+		}
+		cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if sc.client, err = client.Dial(ctx, sock); err == nil {
+			break
+		}
+		select {
+		case <-exited:
+			sc.stop()
+			return nil, fmt.Errorf("ckpt agent exited at start: %s", agentLog())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			sc.stop()
+			return nil, fmt.Errorf("ckpt agent not serving after 30s: %s", agentLog())
+		}
+	}
+	if _, err := sc.client.Hello(ctx); err != nil {
+		sc.stop()
+		return nil, err
+	}
+	return sc, nil
 }

@@ -137,9 +137,12 @@ type AppThroughput struct {
 	Ratio              float64 `json:"ratio"`
 	Checkpoints        int     `json:"checkpoints"`
 	CheckpointsRefused int     `json:"checkpoints_refused"`
-	// PauseP50MS and PauseMaxMS are what the app waited per checkpoint
-	// (flush, Pebble checkpoint, request to synced); SnapshotP50MS the
-	// flush and Pebble checkpoint alone.
+	// Agent says how the agent ran: a separate process, as a sidecar is
+	// deployed, at a lower CPU priority than the app.
+	Agent string `json:"agent"`
+	// PauseP50MS and PauseMaxMS are what the app's checkpoint goroutine
+	// waited per checkpoint (Pebble checkpoint, request to synced);
+	// SnapshotP50MS the Pebble checkpoint alone.
 	PauseP50MS      float64   `json:"pause_p50_ms"`
 	SnapshotP50MS   float64   `json:"snapshot_p50_ms"`
 	PauseMaxMS      float64   `json:"pause_max_ms"`
