@@ -73,3 +73,13 @@ func TestCrashLeftoversAreInvisibleAndCleaned(t *testing.T) {
 		t.Fatal("temporary file still there")
 	}
 }
+
+// BenchmarkPutGet measures the file backend's throughput with 64 MiB
+// objects (each Put is fsynced).
+func BenchmarkPutGet(b *testing.B) {
+	s, err := New(b.TempDir())
+	if err != nil {
+		b.Fatal(err)
+	}
+	storagetest.BenchmarkPutGet(b, s, 64<<20)
+}

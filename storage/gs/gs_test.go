@@ -272,31 +272,5 @@ func BenchmarkPutGet(b *testing.B) {
 	emulator(b, "bench")
 	s := open(b, Options{Bucket: "bench", Prefix: "b"})
 	defer s.Close()
-	ctx := context.Background()
-	data := randomBytes(b, 64<<20)
-	b.Run("put", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for i := 0; b.Loop(); i++ {
-			if err := s.Put(ctx, fmt.Sprintf("obj%d", i%2), bytes.NewReader(data), int64(len(data))); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	if err := s.Put(ctx, "obj0", bytes.NewReader(data), int64(len(data))); err != nil {
-		b.Fatal(err)
-	}
-	b.Run("get", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for b.Loop() {
-			rc, err := s.Get(ctx, "obj0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			n, err := io.Copy(io.Discard, rc)
-			rc.Close()
-			if err != nil || n != int64(len(data)) {
-				b.Fatalf("get: %d bytes, %v", n, err)
-			}
-		}
-	})
+	storagetest.BenchmarkPutGet(b, s, 64<<20)
 }

@@ -391,33 +391,7 @@ func benchPutGet(b *testing.B, srv *testservers.S3Server) {
 	srv.CreateBucket(b, "bench")
 	s := open(b, options(srv, "bench", "b"))
 	defer s.Close()
-	ctx := context.Background()
-	data := randomBytes(b, 64<<20)
-	b.Run("put", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for i := 0; b.Loop(); i++ {
-			if err := s.Put(ctx, fmt.Sprintf("obj%d", i%2), bytes.NewReader(data), int64(len(data))); err != nil {
-				b.Fatal(err)
-			}
-		}
-	})
-	if err := s.Put(ctx, "obj0", bytes.NewReader(data), int64(len(data))); err != nil {
-		b.Fatal(err)
-	}
-	b.Run("get", func(b *testing.B) {
-		b.SetBytes(int64(len(data)))
-		for b.Loop() {
-			rc, err := s.Get(ctx, "obj0")
-			if err != nil {
-				b.Fatal(err)
-			}
-			n, err := io.Copy(io.Discard, rc)
-			rc.Close()
-			if err != nil || n != int64(len(data)) {
-				b.Fatalf("get: %d bytes, %v", n, err)
-			}
-		}
-	})
+	storagetest.BenchmarkPutGet(b, s, 64<<20)
 }
 
 // TestConformanceOverHTTPS runs the suite against versitygw serving TLS with
