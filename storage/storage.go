@@ -107,3 +107,19 @@ func AsCleaner(s Store) (IncompleteCleaner, bool) {
 	}
 	return nil, false
 }
+
+// ContextReader returns a reader of r that fails with ctx's error once ctx
+// is done, so that a long copy from a body stops on cancellation.
+func ContextReader(ctx context.Context, r io.Reader) io.Reader { return &ctxReader{ctx, r} }
+
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c *ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
+}

@@ -107,7 +107,7 @@ func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size 
 			os.Remove(tmpName)
 		}
 	}()
-	n, err := io.Copy(tmp, &ctxReader{ctx: ctx, r: io.LimitReader(body, size+1)})
+	n, err := io.Copy(tmp, storage.ContextReader(ctx, io.LimitReader(body, size+1)))
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
@@ -326,17 +326,4 @@ func (s *Store) CleanIncomplete(ctx context.Context, prefix string, olderThan ti
 		return nil
 	})
 	return n, bytes, err
-}
-
-// ctxReader stops a copy when ctx is cancelled.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }

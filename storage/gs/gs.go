@@ -192,7 +192,7 @@ func (s *Store) write(ctx context.Context, op, key string, obj *gcs.ObjectHandle
 		return fmt.Errorf("%s %s: %w", op, key, err)
 	}
 	h := crc32.New(table)
-	n, err := io.Copy(h, &ctxReader{ctx, io.LimitReader(body, size+1)})
+	n, err := io.Copy(h, storage.ContextReader(ctx, io.LimitReader(body, size+1)))
 	if err != nil {
 		return fmt.Errorf("%s %s: read body: %w", op, key, err)
 	}
@@ -347,17 +347,4 @@ func (e *StatusError) HTTPStatusCode() int { return e.Code }
 func isStatus(err error, code int) bool {
 	var ge *googleapi.Error
 	return errors.As(err, &ge) && ge.Code == code
-}
-
-// ctxReader stops a copy when ctx is cancelled.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c *ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return c.r.Read(p)
 }
