@@ -21,8 +21,10 @@
 //     streams from its section of the file and nothing is buffered, so
 //     memory stays flat whatever the size. Other bodies go through the
 //     transfer manager, which buffers at most (Concurrency+2)*PartSize bytes
-//     (96 MiB by default). Every request
-//     carries a CRC32 checksum the server verifies; downloads of objects
+//     (96 MiB by default). Every request carries a CRC32 checksum the
+//     server verifies, computed here for single PUTs and file parts (one
+//     cheap read) and sent with an unsigned payload, so neither side reads
+//     the bytes through SHA-256 for the signature; downloads of objects
 //     that have a full-object checksum are verified by the SDK.
 //   - Create is a PutObject (or CompleteMultipartUpload) with
 //     If-None-Match: *; the server answers 412 if the key exists. Create is
@@ -39,13 +41,16 @@ package s3
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -295,13 +300,37 @@ func (s *Store) objectKey(key string) (*string, error) {
 func once(o *s3.Options) { o.RetryMaxAttempts = 1 }
 
 // unsignedPayload signs a data upload without hashing its body, as the SDK
-// does over HTTPS anyway: over plain HTTP it would otherwise read every
-// byte through SHA-256 for the signature, a second full pass of the data
-// (the uploader has hashed it already). The body's integrity is still
-// checked by the server against the request's CRC32 checksum.
+// does over HTTPS anyway. Over plain HTTP it takes effect only with the
+// CRC32 given (crc32Of): the SDK's checksum step otherwise computes the
+// payload's SHA-256 as it computes the CRC32, and signs with it. The
+// body's integrity is checked by the server against the CRC32.
 func unsignedPayload(o *s3.Options) {
 	o.APIOptions = append(o.APIOptions, v4.SwapComputePayloadSHA256ForUnsignedPayloadMiddleware)
 }
+
+// crc32Of reads r to its end for the CRC-32 (IEEE) the request carries in
+// x-amz-checksum-crc32, and rewinds it. Given the value, the SDK sends the
+// body as it is: without it, over plain HTTP, the SDK reads the body once
+// more through both CRC-32 and SHA-256, and signs with the SHA-256, which
+// the server then recomputes too; two SHA-256 passes of every byte that
+// protect nothing the CRC-32 the server checks does not. The body is read
+// twice either way (once here, once to send); the second read comes from
+// the page cache.
+func crc32Of(r io.ReadSeeker) (*string, error) {
+	h := crc32.NewIEEE()
+	bp := copyBufs.Get().(*[]byte)
+	_, err := io.CopyBuffer(h, r, *bp)
+	copyBufs.Put(bp)
+	if err != nil {
+		return nil, fmt.Errorf("read the body for its CRC-32: %w", err)
+	}
+	if _, err := r.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("rewind the body: %w", err)
+	}
+	return aws.String(base64.StdEncoding.EncodeToString(h.Sum(nil))), nil
+}
+
+var copyBufs = sync.Pool{New: func() any { b := make([]byte, 256<<10); return &b }}
 
 // Put writes the object with one PutObject, or a multipart upload above
 // PartSize.
@@ -334,12 +363,17 @@ func (s *Store) put(ctx context.Context, op, key string, body io.ReadSeeker, siz
 	}
 	eb := &exactBody{r: body, size: size}
 	if size <= s.partSize {
+		sum, cerr := crc32Of(eb)
+		if cerr != nil {
+			return fmt.Errorf("%s %s: %w", op, key, cerr)
+		}
 		_, err = s.client.PutObject(ctx, &s3.PutObjectInput{
 			Bucket:               &s.bucket,
 			Key:                  k,
 			Body:                 eb,
 			ContentLength:        aws.Int64(size),
 			ChecksumAlgorithm:    types.ChecksumAlgorithmCrc32,
+			ChecksumCRC32:        sum,
 			IfNoneMatch:          ifNoneMatch,
 			ServerSideEncryption: s.sse,
 			SSEKMSKeyId:          s.kmsKeyID,
@@ -421,10 +455,15 @@ func (s *Store) multipartAt(ctx context.Context, op, key string, k *string, body
 		length := min(s.partSize, size-off)
 		g.Go(func() error {
 			num := aws.Int32(int32(i + 1))
+			part := io.NewSectionReader(ra, off, length)
+			sum, err := crc32Of(part)
+			if err != nil {
+				return fmt.Errorf("part %d: %w", i+1, err)
+			}
 			out, err := s.client.UploadPart(gctx, &s3.UploadPartInput{
 				Bucket: &s.bucket, Key: k, UploadId: created.UploadId, PartNumber: num,
-				Body: io.NewSectionReader(ra, off, length), ContentLength: aws.Int64(length),
-				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32,
+				Body: part, ContentLength: aws.Int64(length),
+				ChecksumAlgorithm: types.ChecksumAlgorithmCrc32, ChecksumCRC32: sum,
 			}, unsignedPayload)
 			if err != nil {
 				return fmt.Errorf("part %d: %w", i+1, err)

@@ -464,3 +464,84 @@ func TestSlowDownIsRetriedWithBackoff(t *testing.T) {
 		t.Fatalf("create through the retry decorator after SlowDown: %v", err)
 	}
 }
+
+// TestUploadsCarryACheckedCRC32AndAnUnsignedPayload checks, over plain
+// HTTP, that single PUTs and file parts are sent with the CRC32 this
+// package computes (so the SDK adds no SHA-256 pass of its own), signed as
+// UNSIGNED-PAYLOAD (so the server computes none either), and that the
+// server does check the CRC32: a body whose bytes change between the
+// checksum pass and the send is refused, and no object is left.
+func TestUploadsCarryACheckedCRC32AndAnUnsignedPayload(t *testing.T) {
+	srv := testservers.S3(t)
+	srv.CreateBucket(t, "ckpt")
+	payload := &headerRecorder{seen: map[string]string{}}
+	crc := &headerRecorder{seen: map[string]string{}}
+	o := options(srv, "ckpt", "crc")
+	o.PartSize = 5 << 20
+	o.apiOptions = append(o.apiOptions, payload.middleware("X-Amz-Content-Sha256"), crc.middleware("X-Amz-Checksum-Crc32"))
+	s := open(t, o)
+	ctx := context.Background()
+	small := randomBytes(t, 100<<10)
+	if err := s.Put(ctx, "small", bytes.NewReader(small), int64(len(small))); err != nil {
+		t.Fatal(err)
+	}
+	big := randomBytes(t, 6<<20)
+	if err := s.Put(ctx, "big", bytes.NewReader(big), int64(len(big))); err != nil {
+		t.Fatal(err)
+	}
+	for _, op := range []string{"PutObject", "UploadPart"} {
+		if got := payload.seen[op]; got != "UNSIGNED-PAYLOAD" {
+			t.Errorf("%s sent x-amz-content-sha256 %q, want UNSIGNED-PAYLOAD", op, got)
+		}
+		if crc.seen[op] == "" {
+			t.Errorf("%s sent no x-amz-checksum-crc32", op)
+		}
+	}
+	for key, want := range map[string][]byte{"small": small, "big": big} {
+		rc, err := s.Get(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("get %s: %d bytes, equal %v, err %v", key, len(got), bytes.Equal(got, want), err)
+		}
+	}
+
+	changed := append([]byte(nil), small...)
+	changed[len(changed)/2] ^= 1
+	err := s.Put(ctx, "changing", &changingBody{first: small, then: changed}, int64(len(small)))
+	if err == nil {
+		t.Fatal("a body that changed after its CRC32 was computed was stored")
+	}
+	t.Logf("changed body refused: %v", err)
+	if _, err := s.Stat(ctx, "changing"); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("stat after the refused put: %v, want ErrNotFound", err)
+	}
+}
+
+// changingBody reads as first until its first rewind, then as then.
+type changingBody struct {
+	first, then []byte
+	r           *bytes.Reader
+	rewound     bool
+}
+
+func (b *changingBody) Read(p []byte) (int, error) {
+	if b.r == nil {
+		b.r = bytes.NewReader(b.first)
+	}
+	return b.r.Read(p)
+}
+
+func (b *changingBody) Seek(off int64, whence int) (int64, error) {
+	if b.r == nil {
+		b.r = bytes.NewReader(b.first)
+	}
+	if off == 0 && whence == io.SeekStart && !b.rewound {
+		b.rewound = true
+		b.r = bytes.NewReader(b.then)
+	}
+	return b.r.Seek(off, whence)
+}
