@@ -17,6 +17,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -361,7 +362,9 @@ func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int6
 	h := sha256.New()
 	w := io.MultiWriter(out, h)
 	var n int64
-	buf := make([]byte, 1<<20)
+	bp := bufs.Get().(*[]byte)
+	defer bufs.Put(bp)
+	buf := *bp
 	for {
 		k, rerr := r.Read(buf)
 		if k > 0 {
@@ -398,6 +401,10 @@ func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int6
 	return out.Close()
 }
 
+// bufs holds the 1 MiB copy buffers of the workers: one per file would be
+// a gigabyte of garbage per gigabyte restored.
+var bufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
+
 func hashFile(p string) (string, error) {
 	f, err := os.Open(p)
 	if err != nil {
@@ -405,7 +412,9 @@ func hashFile(p string) (string, error) {
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.CopyBuffer(h, f, make([]byte, 1<<20)); err != nil {
+	bp := bufs.Get().(*[]byte)
+	defer bufs.Put(bp)
+	if _, err := io.CopyBuffer(h, f, *bp); err != nil {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
