@@ -4,7 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"ckpt/client"
@@ -21,7 +26,72 @@ func (r *run) appThroughput(ctx context.Context) error {
 	if err := r.ensureStore(ctx); err != nil {
 		return err
 	}
+	fig, err := r.appRun(ctx, "app", r.storageURL(), nil)
+	if err != nil {
+		return err
+	}
+	fig.Storage = r.tgt.desc
+	r.rep.AppThroughput = fig
+	r.logf("app throughput, storage %s: %.0f writes/s with checkpoints, %.0f without", r.tgt.kind, fig.WithWritesPerS, fig.WithoutWritesPerS)
+
+	// The same run with the storage off the app's disk and cores: a file
+	// store on tmpfs stands in for an object store on other machines, as it
+	// is in production. The agent does all of its work (hashing, reading
+	// every new file, writing it out); only the storage server's CPU and
+	// disk writes, which a storage server on the app's node adds and a
+	// remote one does not, are gone.
+	dir, why := tmpfsDir(r.o.StateBytes * 6)
+	if why != "" {
+		fig.OffNode = &AppThroughput{Reason: why}
+		return nil
+	}
+	dir, err = os.MkdirTemp(dir, "ckpt-bench-")
+	if err != nil {
+		fig.OffNode = &AppThroughput{Reason: err.Error()}
+		return nil
+	}
+	defer os.RemoveAll(dir)
+	off, err := r.appRun(ctx, "app-offnode", "file://"+dir, []string{})
+	if err != nil {
+		return fmt.Errorf("app throughput, storage off the node: %w", err)
+	}
+	off.Storage = "file store on tmpfs (" + dir + "), standing for storage on other machines"
+	fig.OffNode = off
+	r.logf("app throughput, storage off the node: %.0f writes/s with checkpoints, %.0f without", off.WithWritesPerS, off.WithoutWritesPerS)
+	return nil
+}
+
+// tmpfsDir returns a tmpfs directory with at least need bytes free, or why
+// there is none.
+func tmpfsDir(need int64) (string, string) {
+	const tmpfsMagic = 0x01021994
+	for _, d := range []string{"/dev/shm", "/run/user/" + strconv.Itoa(os.Getuid())} {
+		var st syscall.Statfs_t
+		if syscall.Statfs(d, &st) != nil || st.Type != tmpfsMagic {
+			continue
+		}
+		if free := int64(st.Bavail) * st.Bsize; free < need {
+			return "", fmt.Sprintf("%s has %d bytes free, the run needs about %d", d, free, need)
+		}
+		if syscall.Access(d, 2 /* W_OK */) != nil {
+			continue
+		}
+		return d, ""
+	}
+	return "", "no writable tmpfs (/dev/shm) on this machine"
+}
+
+// appRun measures the app's write rate without and with checkpoints to an
+// agent on storage url (env: the agent's extra environment, nil for the
+// bench's target's).
+func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppThroughput, error) {
+	// Phases of 5 s vary by up to 20% from one to the next on a 2-core
+	// machine (compactions come in bursts), with or without checkpoints:
+	// full-size runs measure 10 s phases.
 	phase, interval := 5*time.Second, time.Second
+	if r.o.StateBytes >= 256<<20 {
+		phase = 10 * time.Second
+	}
 	if r.o.Quick {
 		phase, interval = 300*time.Millisecond, 100*time.Millisecond
 	}
@@ -34,20 +104,24 @@ func (r *run) appThroughput(ctx context.Context) error {
 	// weight from its CPU request). Uploads then take spare CPU, not the
 	// app's.
 	const nice = 10
-	sc, err := r.sidecar(ctx, "app", nice)
+	sc, err := r.sidecarOn(ctx, name, nice, url, env)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer sc.stop()
 	fig.Agent = fmt.Sprintf("separate ckpt agent process at nice %d", nice)
+	storagePID := 0
+	if env == nil {
+		storagePID = r.tgt.pid
+	}
 	// Its first checkpoint uploads the whole state; it is taken (and
 	// waited for) before the measured phases, which see increments only.
 	first, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, 1)
 	if err != nil {
-		return fmt.Errorf("first checkpoint: %w", err)
+		return nil, fmt.Errorf("first checkpoint: %w", err)
 	}
 	if _, err := first.Wait(ctx); err != nil {
-		return fmt.Errorf("first checkpoint: %w", err)
+		return nil, fmt.Errorf("first checkpoint: %w", err)
 	}
 	next := uint64(2)
 	var pauses, snaps []float64
@@ -106,6 +180,11 @@ func (r *run) appThroughput(ctx context.Context) error {
 			}()
 		}
 	}
+	fig.Cores = runtime.NumCPU()
+	var cpuOn, cpuOff cpuTimes
+	var durOn, durOff time.Duration
+	var phaseWrites []int64
+	var phaseDur []time.Duration
 	prev := ""
 	for _, p := range fig.Phases {
 		on := p == "on"
@@ -115,11 +194,11 @@ func (r *run) appThroughput(ctx context.Context) error {
 			// more than one interval of changes into a checkpoint.
 			catchUp, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, next)
 			if err != nil {
-				return fmt.Errorf("checkpoint %d: %w", next, err)
+				return nil, fmt.Errorf("checkpoint %d: %w", next, err)
 			}
 			next++
 			if _, err := catchUp.Wait(ctx); err != nil {
-				return fmt.Errorf("checkpoint %d: %w", next-1, err)
+				return nil, fmt.Errorf("checkpoint %d: %w", next-1, err)
 			}
 		}
 		prev = p
@@ -128,23 +207,54 @@ func (r *run) appThroughput(ctx context.Context) error {
 		if on {
 			go func() { ckptErr <- checkpoints(stop) }()
 		}
+		cpu0 := cpuNow(sc.pid, storagePID)
 		start := time.Now()
 		var writes int64
 		for time.Since(start) < phase {
 			rs, err := r.w.Round(ctx)
 			if err != nil {
-				return fmt.Errorf("workload round: %w", err)
+				return nil, fmt.Errorf("workload round: %w", err)
 			}
 			writes += int64(rs.Writes())
 		}
-		d := time.Since(start)
 		if on {
+			// No checkpoint is taken after the phase's time; the app goes on
+			// writing, and the phase goes on being measured, until the last
+			// of its uploads completed: all the agent's and the storage's
+			// work for the phase is inside the measured time.
 			close(stop)
 			if err := <-ckptErr; err != nil {
-				return err
+				return nil, err
 			}
-			wg.Wait() // the uploads of this phase end before the next phase starts
+			uploaded := make(chan struct{})
+			go func() { wg.Wait(); close(uploaded) }()
+			tail := time.Now()
+		lag:
+			for {
+				select {
+				case <-uploaded:
+					break lag
+				default:
+				}
+				rs, err := r.w.Round(ctx)
+				if err != nil {
+					return nil, fmt.Errorf("workload round: %w", err)
+				}
+				writes += int64(rs.Writes())
+			}
+			fig.UploadLagMS = append(fig.UploadLagMS, ms(time.Since(tail)))
 		}
+		d := time.Since(start)
+		used := cpuNow(sc.pid, storagePID).sub(cpu0)
+		fig.PhaseCores = append(fig.PhaseCores, used.cores(d))
+		switch {
+		case p == "warmup":
+		case on:
+			cpuOn, durOn = cpuOn.add(used), durOn+d
+		default:
+			cpuOff, durOff = cpuOff.add(used), durOff+d
+		}
+		phaseWrites, phaseDur = append(phaseWrites, writes), append(phaseDur, d)
 		if p != "warmup" {
 			i := map[bool]int{false: 0, true: 1}[on]
 			totals[i].writes += writes
@@ -153,16 +263,85 @@ func (r *run) appThroughput(ctx context.Context) error {
 		fig.PhaseWritesPerS = append(fig.PhaseWritesPerS, round(float64(writes)/d.Seconds(), 5))
 	}
 	if failed != nil {
-		return fmt.Errorf("a checkpoint taken while measuring throughput failed: %w", failed)
+		return nil, fmt.Errorf("a checkpoint taken while measuring throughput failed: %w", failed)
 	}
 	fig.WithoutWritesPerS = round(float64(totals[0].writes)/totals[0].d.Seconds(), 5)
 	fig.WithWritesPerS = round(float64(totals[1].writes)/totals[1].d.Seconds(), 5)
 	if fig.WithoutWritesPerS > 0 {
 		fig.Ratio = round(fig.WithWritesPerS/fig.WithoutWritesPerS, 5)
 	}
+	fig.OnCores, fig.OffCores = cpuOn.cores(durOn), cpuOff.cores(durOff)
+	// Each off-on-on-off block on its own, to show the spread.
+	for b := 1; b+4 <= len(fig.Phases); b += 4 {
+		var rate [2]struct {
+			w int64
+			d time.Duration
+		}
+		for i := b; i < b+4; i++ {
+			k := map[bool]int{false: 0, true: 1}[fig.Phases[i] == "on"]
+			rate[k].w += phaseWrites[i]
+			rate[k].d += phaseDur[i]
+		}
+		if rate[0].w > 0 && rate[1].d > 0 {
+			fig.BlockRatios = append(fig.BlockRatios, round(float64(rate[1].w)/rate[1].d.Seconds()/(float64(rate[0].w)/rate[0].d.Seconds()), 4))
+		}
+	}
 	fig.PauseP50MS, fig.PauseMaxMS = percentile(pauses, 50), percentile(pauses, 100)
 	fig.SnapshotP50MS = percentile(snaps, 50)
-	r.rep.AppThroughput = fig
-	r.logf("app throughput: %.0f writes/s with checkpoints, %.0f without", fig.WithWritesPerS, fig.WithoutWritesPerS)
-	return nil
+	return fig, nil
 }
+
+// cpuTimes is the CPU time (user+system) of the bench process, the agent
+// and the storage server.
+type cpuTimes struct{ app, agent, storage time.Duration }
+
+func cpuNow(agentPID, storagePID int) cpuTimes {
+	return cpuTimes{app: procCPU(os.Getpid()), agent: procCPU(agentPID), storage: procCPU(storagePID)}
+}
+
+func (a cpuTimes) sub(b cpuTimes) cpuTimes {
+	return cpuTimes{a.app - b.app, a.agent - b.agent, a.storage - b.storage}
+}
+
+func (a cpuTimes) add(b cpuTimes) cpuTimes {
+	return cpuTimes{a.app + b.app, a.agent + b.agent, a.storage + b.storage}
+}
+
+func (a cpuTimes) cores(d time.Duration) CoreShare {
+	if d <= 0 {
+		return CoreShare{}
+	}
+	f := func(c time.Duration) float64 { return round(c.Seconds()/d.Seconds(), 3) }
+	return CoreShare{App: f(a.app), Agent: f(a.agent), Storage: f(a.storage)}
+}
+
+// procCPU reads a process's user+system time from /proc (0 if pid is 0 or
+// unreadable: the figure is then absent, not made up).
+func procCPU(pid int) time.Duration {
+	if pid <= 0 {
+		return 0
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces; fields after its ")" are
+	// fixed: utime and stime are the 14th and 15th fields of the line.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0
+	}
+	return time.Duration(ut+st) * time.Second / clockTicks
+}
+
+// clockTicks is USER_HZ, 100 on every Linux architecture Go supports.
+const clockTicks = 100

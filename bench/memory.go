@@ -140,6 +140,20 @@ type sidecarAgent struct {
 // sidecar starts `ckpt agent` as a separate process on the bench's storage,
 // at the given nice value (0: the app's priority), and connects to it.
 func (r *run) sidecar(ctx context.Context, name string, nice int) (*sidecarAgent, error) {
+	return r.sidecarOn(ctx, name, nice, r.storageURL(), nil)
+}
+
+// storageURL is the bench's storage for child processes.
+func (r *run) storageURL() string {
+	if r.tgt.url != "" {
+		return r.tgt.url
+	}
+	return r.o.Storage
+}
+
+// sidecarOn is sidecar on storage url, with env (nil: the target's) added
+// to the agent's environment.
+func (r *run) sidecarOn(ctx context.Context, name string, nice int, url string, env []string) (*sidecarAgent, error) {
 	dir := filepath.Join(r.root, "agents", name)
 	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
 		return nil, err
@@ -148,9 +162,8 @@ func (r *run) sidecar(ctx context.Context, name string, nice int) (*sidecarAgent
 	if err != nil {
 		return nil, err
 	}
-	url := r.tgt.url
-	if url == "" {
-		url = r.o.Storage
+	if env == nil {
+		env = r.tgt.env
 	}
 	args := []string{"agent", "--socket", sock, "--storage", url, "--job", "bench-" + r.id + "-" + name,
 		"--local-dir", filepath.Join(dir, "local"), "--allow-root", r.root, "--log-level", "warn"}
@@ -158,7 +171,7 @@ func (r *run) sidecar(ctx context.Context, name string, nice int) (*sidecarAgent
 		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
 	}
 	cmd := exec.Command(r.o.AgentExe, args...)
-	cmd.Env = append(os.Environ(), r.tgt.env...)
+	cmd.Env = append(os.Environ(), env...)
 	logPath := filepath.Join(r.root, "agent-"+name+".log")
 	logf, err := os.Create(logPath)
 	if err != nil {

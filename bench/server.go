@@ -45,6 +45,9 @@ type target struct {
 	endpoint, bucket, prefix, access, secret string
 	// file only: the directory.
 	dir string
+	// pid is the storage server's process when the bench started one (0
+	// otherwise), for its CPU time.
+	pid int
 
 	stop func()
 }
@@ -201,7 +204,7 @@ func startVersitygw(ctx context.Context, root string) (*target, error) {
 		t := &target{
 			kind: "s3", endpoint: endpoint, bucket: benchBucket, access: benchAccessKey, secret: benchSecretKey,
 			desc: "versitygw " + servers.VersitygwVersion + " on " + endpoint + " (started by the bench)",
-			stop: stop,
+			stop: stop, pid: cmd.Process.Pid,
 		}
 		q := url.Values{"path_style": {"true"}, "endpoint": {endpoint}, "region": {benchRegion}}
 		t.url = "s3://" + benchBucket + "?" + q.Encode()
