@@ -243,6 +243,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.cancelJobs()
 	cancelConns()
 	conns.Wait()
+	a.local.Wait() // discarded local copies still being removed
 	a.log.Info("agent stopped")
 	return nil
 }

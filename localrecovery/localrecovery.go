@@ -26,6 +26,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"ckpt/manifests"
@@ -34,7 +36,15 @@ import (
 // Store is the local store of one job.
 type Store struct {
 	root string
+	// bg counts removals of discarded checkpoint dirs still running.
+	bg sync.WaitGroup
+	// trashSeq names discarded dirs uniquely.
+	trashSeq atomic.Uint64
 }
+
+// trashDir holds discarded checkpoint dirs while they are removed in the
+// background. Task names start with a letter or digit, so it is no task's.
+const trashDir = ".discarded"
 
 // Open opens (creating if needed) the local store of job under dir.
 func Open(dir, job string) (*Store, error) {
@@ -48,8 +58,16 @@ func Open(dir, job string) (*Store, error) {
 	if err := os.MkdirAll(root, 0o750); err != nil {
 		return nil, fmt.Errorf("local dir: %w (check --local-dir and its permissions)", err)
 	}
+	// Left by a process that stopped while removing discarded copies.
+	if err := os.RemoveAll(filepath.Join(root, trashDir)); err != nil {
+		return nil, fmt.Errorf("local dir: %w", err)
+	}
 	return &Store{root: root}, nil
 }
+
+// Wait waits for the removals of discarded checkpoint dirs that Discard
+// left running in the background.
+func (s *Store) Wait() { s.bg.Wait() }
 
 // Root is the job's directory in the local store.
 func (s *Store) Root() string { return s.root }
@@ -315,7 +333,10 @@ func (s *Store) Complete(task string, n uint64, manifest []byte) error {
 	return nil
 }
 
-// Discard removes checkpoint n of task from the local store.
+// Discard removes checkpoint n of task from the local store. Its dir
+// leaves the task at once (one rename); the thousands of unlinks of its
+// files run in the background (Wait waits for them), off the path of the
+// checkpoint that completed.
 func (s *Store) Discard(task string, n uint64) error {
 	// The manifest goes first: without it the directory is only debris.
 	if err := os.Remove(s.manifestPath(task, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -324,7 +345,25 @@ func (s *Store) Discard(task string, n uint64) error {
 	if err := os.Remove(s.idsPath(task, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("local store: %w", err)
 	}
-	if err := os.RemoveAll(s.chkDir(task, n)); err != nil {
+	dir := s.chkDir(task, n)
+	trash := filepath.Join(s.root, trashDir)
+	gone := filepath.Join(trash, fmt.Sprintf("%s-%d-%d", task, n, s.trashSeq.Add(1)))
+	err := os.Mkdir(trash, 0o750)
+	if err == nil || errors.Is(err, fs.ErrExist) {
+		err = os.Rename(dir, gone)
+	}
+	switch {
+	case err == nil:
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			os.RemoveAll(gone) // what fails here goes at the next Open
+		}()
+		return nil
+	case errors.Is(err, fs.ErrNotExist):
+		return nil
+	}
+	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("local store: %w", err)
 	}
 	return nil

@@ -230,3 +230,54 @@ func TestHandoffMovesTheDirectoryAndInspectChecksTheFiles(t *testing.T) {
 		t.Fatal("a symlink slipped in after the sync phase passed inspection")
 	}
 }
+
+// TestDiscardRemovesInTheBackgroundAndOpenSweepsLeftovers checks that a
+// discarded checkpoint leaves its task at once, that Wait sees its files
+// gone, and that a removal cut short (the process stopped) is finished by
+// the next Open.
+func TestDiscardRemovesInTheBackgroundAndOpenSweepsLeftovers(t *testing.T) {
+	base := t.TempDir()
+	local := filepath.Join(base, "local")
+	s, err := Open(local, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap := filepath.Join(base, "snap")
+	write(t, snap, map[string]string{"000001.sst": "one", "000002.sst": "two", "CURRENT": "c"})
+	for n := uint64(1); n <= 2; n++ {
+		if _, err := s.Link("t", n, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Discard("t", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.chkDir("t", 1)); !os.IsNotExist(err) {
+		t.Fatalf("discarded dir still in the task: %v", err)
+	}
+	if nums, _ := s.checkpoints("t"); len(nums) != 1 || nums[0] != 2 {
+		t.Fatalf("checkpoints after discard: %v, want [2]", nums)
+	}
+	s.Wait()
+	if left, _ := os.ReadDir(filepath.Join(s.Root(), trashDir)); len(left) != 0 {
+		t.Fatalf("after Wait, %d discarded dirs remain", len(left))
+	}
+	if err := s.Discard("t", 7); err != nil { // never taken: nothing to do
+		t.Fatal(err)
+	}
+
+	// A removal cut short: the dir sits in the trash when the store opens.
+	stale := filepath.Join(s.Root(), trashDir, "t-2-99")
+	if err := os.Rename(s.chkDir("t", 2), stale); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(local, "job"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Fatalf("Open left a discarded dir behind: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(snap, "000001.sst")); err != nil {
+		t.Fatalf("the snapshot's own files must stay: %v", err)
+	}
+}
