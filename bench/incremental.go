@@ -134,9 +134,11 @@ func (r *run) incremental(ctx context.Context) error {
 	seen := map[snapFile]bool{}
 	var exp *workload.Expected
 	var last uint64
+	// Pebble's counters are read at each snapshot, so that compactions
+	// running while the agents upload count toward the next checkpoint.
+	lsm0 := r.w.LSM()
 	for i := 1; i <= r.o.Checkpoints; i++ {
 		var writes int
-		lsm0 := r.w.LSM()
 		if i > 1 {
 			rs, err := r.w.Round(ctx)
 			if err != nil {
@@ -157,6 +159,7 @@ func (r *run) incremental(ctx context.Context) error {
 		lsm1 := r.w.LSM()
 		s := CheckpointSample{Checkpoint: n, Files: len(files), Writes: writes,
 			FlushedBytes: int64(lsm1.FlushedBytes - lsm0.FlushedBytes), CompactedBytes: int64(lsm1.CompactedBytes - lsm0.CompactedBytes)}
+		lsm0 = lsm1
 		for _, f := range files {
 			s.FullSize += f.size
 			if !isShared(f.name) || !seen[f] {
@@ -221,9 +224,11 @@ func (r *run) summarizeSeries() {
 	r.rep.Amplification = a
 	iv := &IncrementalVsFull{Churn: r.o.Churn}
 	var br, dr []float64
+	var newBytes, fullSize, lsmBytes int64
 	for _, s := range ss[1:] {
 		iv.IncrementalBytes += s.BytesWritten
 		iv.FullBytes += s.FullBytesWritten
+		newBytes, fullSize, lsmBytes = newBytes+s.NewBytes, fullSize+s.FullSize, lsmBytes+s.FlushedBytes+s.CompactedBytes
 		iv.IncrementalMS += s.DurationMS
 		iv.FullMS += s.FullDurationMS
 		br = append(br, s.BytesRatio)
@@ -234,6 +239,10 @@ func (r *run) summarizeSeries() {
 	}
 	if iv.FullMS > 0 {
 		iv.DurationRatio = round(iv.IncrementalMS/iv.FullMS, 5)
+	}
+	if fullSize > 0 {
+		iv.NewBytesRatio = round(float64(newBytes)/float64(fullSize), 5)
+		iv.LSMBytesRatio = round(float64(lsmBytes)/float64(fullSize), 5)
 	}
 	iv.IncrementalMS, iv.FullMS = round(iv.IncrementalMS, 5), round(iv.FullMS, 5)
 	iv.MedianBytesRatio, iv.MedianDurationRatio = percentile(br, 50), percentile(dr, 50)
