@@ -179,7 +179,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			}
 			dst := filepath.Join(tmp, f.Name)
 			if local != nil {
-				used, err := fromLocal(local.Path(f.Name), dst, f, o.TrustUnchangedLocal && local.Unchanged(f.Name))
+				used, err := fromLocal(local, dst, f, o.TrustUnchangedLocal)
 				if err != nil {
 					return fmt.Errorf("restore %s: %w", f.Name, err)
 				}
@@ -289,14 +289,17 @@ func makeTemp(target string) (string, error) {
 }
 
 // fromLocal takes a file from the local copy if it is there and matches
-// the manifest. Shared files are hard-linked (copied across devices);
-// private files are copied, since the engine may append to them.
-func fromLocal(src, dst string, f manifests.File, unchanged bool) (bool, error) {
+// the manifest: its bytes hash to the manifest's SHA-256, or, with
+// trustUnchanged, it is still the inode its checkpoint completed with.
+// Shared files are hard-linked (copied across devices); private files are
+// copied, since the engine may append to them.
+func fromLocal(local *localrecovery.Local, dst string, f manifests.File, trustUnchanged bool) (bool, error) {
+	src := local.Path(f.Name)
 	fi, err := os.Lstat(src)
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != f.Size {
 		return false, nil
 	}
-	if !unchanged {
+	if !trustUnchanged || !local.UnchangedInfo(f.Name, fi) {
 		sum, err := hashFile(src)
 		if err != nil || sum != f.SHA256 {
 			return false, nil
