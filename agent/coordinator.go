@@ -424,10 +424,10 @@ func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byt
 func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte) {
 	ctx := context.WithoutCancel(a.jobsCtx)
 	var hashes map[localrecovery.Identity]string
-	if err := a.local.Complete(t.name, m.Checkpoint, encoded); err != nil {
+	if l, err := a.local.Complete(t.name, m.Checkpoint, m, encoded); err != nil {
 		a.log.Warn("keep local copy", "task", t.name, "checkpoint", m.Checkpoint, "err", err)
-	} else if l := a.local.Get(t.name, m.Checkpoint); l != nil {
-		hashes = localrecovery.HashIndex(l)
+	} else {
+		hashes = l.Hashes()
 	}
 	a.mu.Lock()
 	t.retained = append(t.retained, m)

@@ -69,6 +69,23 @@ func (r *run) snapshot(dir string) ([]snapFile, error) {
 	return listDir(dir)
 }
 
+// linkClone makes dst a directory of hard links to the files of src.
+func linkClone(src, dst string) error {
+	files, err := listDir(src)
+	if err != nil {
+		return err
+	}
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		return err
+	}
+	for _, f := range files {
+		if err := os.Link(filepath.Join(src, f.name), filepath.Join(dst, f.name)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func listDir(dir string) ([]snapFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -169,7 +186,16 @@ func (r *run) incremental(ctx context.Context) error {
 				seen[f] = true
 			}
 		}
-		inc, err := send(ctx, r.inc, task, n, dir, false)
+		// Both agents get the snapshot as an app hands it off (the way
+		// client.CheckpointPebble does): the full-upload agent gets a
+		// hard-linked clone, made before anything is timed.
+		fullDir := dir + "-full"
+		if full != nil {
+			if err := linkClone(dir, fullDir); err != nil {
+				return err
+			}
+		}
+		inc, err := send(ctx, r.inc, task, n, dir, true)
 		if err != nil {
 			return fmt.Errorf("incremental agent: %w", err)
 		}
@@ -181,7 +207,7 @@ func (r *run) incremental(ctx context.Context) error {
 			s.Amplification = round(float64(s.BytesWritten)/float64(s.NewBytes), 5)
 		}
 		if full != nil {
-			fs, err := send(ctx, full, task, n, dir, false)
+			fs, err := send(ctx, full, task, n, fullDir, true)
 			if err != nil {
 				return fmt.Errorf("full-upload agent: %w", err)
 			}
@@ -194,7 +220,8 @@ func (r *run) incremental(ctx context.Context) error {
 			}
 			r.rep.Series = append(r.rep.Series, s)
 		}
-		os.RemoveAll(dir)
+		os.RemoveAll(dir) // left when an agent refused it
+		os.RemoveAll(fullDir)
 		r.logf("checkpoint %d: %d files, %s full, %s new, wrote %s (full agent %s), %.0f ms vs %.0f ms",
 			n, s.Files, telemetry.FormatBytes(s.FullSize), telemetry.FormatBytes(s.NewBytes), telemetry.FormatBytes(s.BytesWritten), telemetry.FormatBytes(s.FullBytesWritten), s.DurationMS, s.FullDurationMS)
 	}

@@ -287,13 +287,13 @@ func copyFile(from, to string) error {
 	return out.Close()
 }
 
-// Complete records checkpoint n of task as complete (its manifest beside its
-// files) and removes the task's older local checkpoints. Checkpoints newer
-// than n (in flight) are kept.
-func (s *Store) Complete(task string, n uint64, manifest []byte) error {
-	m, err := manifests.Decode(manifest)
-	if err != nil {
-		return fmt.Errorf("local store: %w", err)
+// Complete records checkpoint n of task as complete (m, and its encoded
+// bytes as committed, beside its files) and removes the task's older local
+// checkpoints. Checkpoints newer than n (in flight) are kept. It returns
+// the complete local checkpoint.
+func (s *Store) Complete(task string, n uint64, m *manifests.Manifest, manifest []byte) (*Local, error) {
+	if m.Task != task || m.Checkpoint != n {
+		return nil, fmt.Errorf("local store: manifest of %s checkpoint %d recorded as %s checkpoint %d", m.Task, m.Checkpoint, task, n)
 	}
 	// The identities the files have now, right after their hashes went into
 	// the manifest: what Local.Unchanged compares against.
@@ -305,32 +305,32 @@ func (s *Store) Complete(task string, n uint64, manifest []byte) error {
 	}
 	idsJSON, err := json.Marshal(ids)
 	if err != nil {
-		return fmt.Errorf("local store: %w", err)
+		return nil, fmt.Errorf("local store: %w", err)
 	}
 	if err := os.WriteFile(s.idsPath(task, n), idsJSON, 0o640); err != nil {
-		return fmt.Errorf("local store: %w", err)
+		return nil, fmt.Errorf("local store: %w", err)
 	}
 	p := s.manifestPath(task, n)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, manifest, 0o640); err != nil {
-		return fmt.Errorf("local store: %w", err)
+		return nil, fmt.Errorf("local store: %w", err)
 	}
 	if err := os.Rename(tmp, p); err != nil {
 		os.Remove(tmp)
-		return fmt.Errorf("local store: %w", err)
+		return nil, fmt.Errorf("local store: %w", err)
 	}
 	nums, err := s.checkpoints(task)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, old := range nums {
 		if old < n {
 			if err := s.Discard(task, old); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	return nil
+	return &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m, ids: ids}, nil
 }
 
 // Discard removes checkpoint n of task from the local store. Its dir
@@ -491,6 +491,18 @@ func (s *Store) Recover(task string) (*Local, error) {
 	return latest, nil
 }
 
+// Hashes is HashIndex for a checkpoint that just completed: the identities
+// recorded at completion, without a stat of every file.
+func (l *Local) Hashes() map[Identity]string {
+	idx := make(map[Identity]string, len(l.ids))
+	for _, mf := range l.Manifest.Files {
+		if id, ok := l.ids[mf.Name]; ok {
+			idx[id] = mf.SHA256
+		}
+	}
+	return idx
+}
+
 // HashIndex maps the inode identity of each file the local copy l holds to
 // its SHA-256 from l's manifest. Because l holds a hard link to each of
 // those inodes, no inode in the index can be freed and reused while l
@@ -539,7 +551,7 @@ func (s *Store) Adopt(task string, m *manifests.Manifest, encoded []byte, dir st
 			linked++
 		}
 	}
-	if err := s.Complete(task, m.Checkpoint, encoded); err != nil {
+	if _, err := s.Complete(task, m.Checkpoint, m, encoded); err != nil {
 		return linked, err
 	}
 	return linked, nil

@@ -137,8 +137,8 @@ func TestCompleteKeepsOnlyTheNewestAndInFlight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	_, enc := manifestFor(t, "t", 2, snap, "000001.sst", "CURRENT")
-	if err := s.Complete("t", 2, enc); err != nil {
+	m, enc := manifestFor(t, "t", 2, snap, "000001.sst", "CURRENT")
+	if _, err := s.Complete("t", 2, m, enc); err != nil {
 		t.Fatal(err)
 	}
 	nums, _ := s.checkpoints("t")

@@ -63,7 +63,7 @@ func setup(t *testing.T) *env {
 	if err := manifests.Commit(ctx, e.store, m, enc); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.local.Complete("t", 3, enc); err != nil {
+	if _, err := e.local.Complete("t", 3, m, enc); err != nil {
 		t.Fatal(err)
 	}
 	return e

@@ -138,7 +138,7 @@ func (m *model) checkpoint(task string, ids []int, budget int64) {
 		enc, _ := mf.Encode(res.BytesWritten)
 		err = manifests.Commit(m.ctx, st, mf, enc)
 		if err == nil {
-			m.local.Complete(task, n, enc)
+			m.local.Complete(task, n, mf, enc)
 			cat, _ := manifests.Scan(m.ctx, m.store, job, task)
 			if _, err := manifests.RetireOld(m.ctx, m.store, cat, task, m.retain); err != nil {
 				m.t.Fatal(err)
