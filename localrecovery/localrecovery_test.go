@@ -281,3 +281,28 @@ func TestDiscardRemovesInTheBackgroundAndOpenSweepsLeftovers(t *testing.T) {
 		t.Fatalf("the snapshot's own files must stay: %v", err)
 	}
 }
+
+// TestGetForWantsTheSameManifestBytes checks that a local copy is only
+// taken for the manifest storage holds: another manifest under the same
+// task and number (a task started over in wiped storage) finds none.
+func TestGetForWantsTheSameManifestBytes(t *testing.T) {
+	base := t.TempDir()
+	s, _ := Open(filepath.Join(base, "local"), "job")
+	snap := filepath.Join(base, "snap")
+	write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
+	if _, err := s.Link("t", 5, snap); err != nil {
+		t.Fatal(err)
+	}
+	m, enc := manifestFor(t, "t", 5, snap, "000001.sst", "CURRENT")
+	if _, err := s.Complete("t", 5, m, enc); err != nil {
+		t.Fatal(err)
+	}
+	if l := s.GetFor("t", m, enc); l == nil || !l.Unchanged("000001.sst") {
+		t.Fatalf("the recorded manifest's copy: %+v", l)
+	}
+	write(t, filepath.Join(base, "other"), map[string]string{"000001.sst": "uno", "CURRENT": "c"})
+	other, otherEnc := manifestFor(t, "t", 5, filepath.Join(base, "other"), "000001.sst", "CURRENT")
+	if l := s.GetFor("t", other, otherEnc); l != nil {
+		t.Fatal("a copy was offered for a different checkpoint 5")
+	}
+}

@@ -85,8 +85,24 @@ type Result struct {
 	// byte hashed) or "identity" (TrustUnchangedLocal: unchanged inodes
 	// trusted, the others hashed).
 	LocalVerification string `json:"local_verification,omitempty"`
-	DurationMS        int64  `json:"duration_ms"`
-	Target            string `json:"target,omitempty"`
+	// Moved is set when the local copy, whole and unchanged, was moved into
+	// place in one rename (identity mode); the local dir then re-creates
+	// its copy from the target in the background (Wait).
+	Moved      bool   `json:"moved,omitempty"`
+	DurationMS int64  `json:"duration_ms"`
+	Target     string `json:"target,omitempty"`
+
+	wait func()
+}
+
+// Wait waits for the work a restore leaves running after it returned: the
+// local copy being re-created after a move. Call it before the process
+// exits, or the local dir keeps no copy of the checkpoint (it is then
+// restored from storage next time).
+func (r *Result) Wait() {
+	if r != nil && r.wait != nil {
+		r.wait()
+	}
 }
 
 // ErrNoCheckpoint is returned (wrapped) when storage holds no complete
@@ -147,7 +163,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if ls, err = localrecovery.Open(o.LocalDir, o.Job); err != nil {
 			return nil, err
 		}
-		local = ls.Get(o.Task, n)
+		local = ls.GetFor(o.Task, m, encoded)
 	}
 
 	tmp, err := makeTemp(target)
@@ -162,6 +178,33 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}()
 
 	res := &Result{Restored: true, Task: o.Task, Checkpoint: n, Files: len(m.Files), Bytes: m.FullSize, Target: target}
+	if local != nil && o.TrustUnchangedLocal && wholeAndUnchanged(local, m) && ls.Lend(o.Task, n, m, tmp) {
+		// The local copy is the store: it became tmp in one rename. Its
+		// private files get fsynced (an adopted copy never fsynced them);
+		// its shared files are the app's own SSTs, durable already.
+		for _, f := range m.Files {
+			if f.Kind != manifests.Shared {
+				if err := syncFile(filepath.Join(tmp, f.Name)); err != nil {
+					return nil, fmt.Errorf("restore: fsync %s: %w", f.Name, err)
+				}
+			}
+		}
+		if err := place(tmp, target); err != nil {
+			return nil, err
+		}
+		ok = true
+		ls.Readopt(o.Task, m, encoded, target)
+		res.wait = ls.Wait
+		res.Moved = true
+		res.LocalVerification = "identity"
+		res.BytesLocal, res.FilesLocal = m.FullSize, len(m.Files)
+		if o.Progress != nil {
+			o.Progress(m.FullSize, m.FullSize)
+		}
+		span.SetAttributes(attribute.Int64("ckpt.bytes_local", m.FullSize), attribute.Bool("ckpt.moved", true))
+		res.DurationMS = time.Since(start).Milliseconds()
+		return res, nil
+	}
 	var done, bLocal, bRemote, fLocal, fRemote, fallbacks atomic.Int64
 	progress := func(k int64) {
 		if o.Progress != nil {
@@ -205,17 +248,10 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	span.SetAttributes(attribute.Int64("ckpt.bytes_local", bLocal.Load()), attribute.Int64("ckpt.bytes_remote", bRemote.Load()),
 		attribute.Int64("ckpt.local_fallbacks", fallbacks.Load()))
-	if err := syncDir(tmp); err != nil {
-		return nil, fmt.Errorf("restore: fsync %s: %w", tmp, err)
-	}
-	// Every file verified: the target appears now, whole.
-	if err := os.Rename(tmp, target); err != nil {
-		return nil, fmt.Errorf("restore: move the verified store into place: %w", err)
+	if err := place(tmp, target); err != nil {
+		return nil, err
 	}
 	ok = true
-	if err := syncDir(filepath.Dir(target)); err != nil {
-		return nil, fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
-	}
 	if local != nil {
 		res.LocalVerification = "sha256"
 		if o.TrustUnchangedLocal {
@@ -239,6 +275,47 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// place makes the verified tree tmp the target: fsync tmp, rename, fsync
+// the parent. The target appears whole or not at all.
+func place(tmp, target string) error {
+	if err := syncDir(tmp); err != nil {
+		return fmt.Errorf("restore: fsync %s: %w", tmp, err)
+	}
+	if err := os.Rename(tmp, target); err != nil {
+		return fmt.Errorf("restore: move the verified store into place: %w", err)
+	}
+	if err := syncDir(filepath.Dir(target)); err != nil {
+		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
+	}
+	return nil
+}
+
+// wholeAndUnchanged reports whether the local copy l holds exactly m's
+// files, each still the inode it completed with: then it can be moved into
+// place as it is.
+func wholeAndUnchanged(l *localrecovery.Local, m *manifests.Manifest) bool {
+	entries, err := os.ReadDir(l.Dir)
+	if err != nil || len(entries) != len(m.Files) {
+		return false
+	}
+	for _, f := range m.Files {
+		fi, err := os.Lstat(l.Path(f.Name))
+		if err != nil || fi.Size() != f.Size || !l.UnchangedInfo(f.Name, fi) {
+			return false
+		}
+	}
+	return true
+}
+
+func syncFile(p string) error {
+	f, err := os.Open(p)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
 }
 
 // pick chooses the checkpoint: the requested one if it is complete and

@@ -292,3 +292,90 @@ func TestIdentityModeTrustsUnchangedInodesAndHashesTheRest(t *testing.T) {
 		t.Fatal("sha256 mode restored a corrupt local file")
 	}
 }
+
+func inode(t *testing.T, p string) uint64 {
+	t.Helper()
+	fi, err := os.Lstat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fi.Sys().(*syscall.Stat_t).Ino
+}
+
+// TestIdentityModeMovesAWholeUnchangedLocalCopy checks the one-rename
+// restore: a local copy that holds exactly the manifest's files, each the
+// inode it completed with, becomes the target; the local dir then holds a
+// complete copy again (shared files linked back, private files its own),
+// so that what the app appends to its files never reaches the copy, and a
+// second restore moves the copy again with the checkpoint's bytes.
+func TestIdentityModeMovesAWholeUnchangedLocalCopy(t *testing.T) {
+	e := setup(t)
+	localDir := filepath.Join(e.base, "local")
+	sst := inode(t, e.local.Get("t", 3).Path("000001.sst"))
+	origManifest, _ := os.ReadFile(filepath.Join(e.snap, "MANIFEST-000001"))
+
+	res, err := e.run(restore.Options{LocalDir: localDir, TrustUnchangedLocal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Wait()
+	if !res.Moved || res.FilesLocal != 4 || res.BytesRemote != 0 || res.LocalVerification != "identity" {
+		t.Fatalf("result %+v", res)
+	}
+	e.sameAsSnapshot()
+	e.noDebris("db")
+	if got := inode(t, filepath.Join(e.target, "000001.sst")); got != sst {
+		t.Fatalf("the SST was not moved: inode %d, local copy had %d", got, sst)
+	}
+
+	l := e.local.Get("t", 3)
+	if l == nil {
+		t.Fatal("no complete local copy after the move")
+	}
+	if got := inode(t, l.Path("000001.sst")); got != sst {
+		t.Fatalf("the local copy's SST is inode %d, want the target's %d", got, sst)
+	}
+	if inode(t, l.Path("MANIFEST-000001")) == inode(t, filepath.Join(e.target, "MANIFEST-000001")) {
+		t.Fatal("the local copy shares a private file with the target the app writes to")
+	}
+	for _, name := range []string{"000001.sst", "000002.sst", "MANIFEST-000001", "CURRENT"} {
+		if !l.Unchanged(name) {
+			t.Fatalf("%s of the re-created local copy is not recorded as unchanged", name)
+		}
+	}
+
+	// The app appends to its MANIFEST; the local copy keeps the checkpoint's.
+	f, _ := os.OpenFile(filepath.Join(e.target, "MANIFEST-000001"), os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("edit")
+	f.Close()
+	second := filepath.Join(e.base, "restored", "db2")
+	res, err = e.run(restore.Options{LocalDir: localDir, TrustUnchangedLocal: true, Target: second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Wait()
+	if !res.Moved {
+		t.Fatalf("second restore not moved: %+v", res)
+	}
+	if got, _ := os.ReadFile(filepath.Join(second, "MANIFEST-000001")); !bytes.Equal(got, origManifest) {
+		t.Fatal("the second restore got the app's edit, not the checkpoint's MANIFEST")
+	}
+}
+
+// TestIdentityModeDoesNotMoveACopyWithStrangers checks that a local copy
+// holding a file its manifest does not name is restored file by file, and
+// the stranger stays out of the target.
+func TestIdentityModeDoesNotMoveACopyWithStrangers(t *testing.T) {
+	e := setup(t)
+	l := e.local.Get("t", 3)
+	os.WriteFile(filepath.Join(l.Dir, "stranger"), []byte("x"), 0o644)
+	res, err := e.run(restore.Options{LocalDir: filepath.Join(e.base, "local"), TrustUnchangedLocal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Wait()
+	if res.Moved || res.FilesLocal != 4 {
+		t.Fatalf("result %+v", res)
+	}
+	e.sameAsSnapshot()
+}

@@ -50,6 +50,7 @@ func runRestore(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	defer res.Wait() // the local copy, re-created after a move
 	if *asJSON {
 		return printJSON(res)
 	}
