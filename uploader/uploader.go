@@ -6,6 +6,7 @@
 package uploader
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -102,12 +103,26 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 			}
 			path := sn.Path(lf.Name)
 			var key string
+			var data []byte // the file's bytes, when read whole (bufferedMax)
 			switch {
 			case f.Kind == manifests.Shared:
 				if sha, ok := req.Hashes[lf.ID()]; ok {
 					f.SHA256 = sha
 					mu.Lock()
 					res.HashesReused++
+					mu.Unlock()
+				} else if lf.Size <= bufferedMax {
+					// Read once: the hash and the upload take the same bytes.
+					b, release, err := readBuffered(path, lf)
+					if err != nil {
+						return err
+					}
+					defer release()
+					data = b
+					sum := sha256.Sum256(data)
+					f.SHA256 = hex.EncodeToString(sum[:])
+					mu.Lock()
+					res.BytesHashed += lf.Size
 					mu.Unlock()
 				} else {
 					sha, err := hashFile(gctx, path, lf.Size)
@@ -152,6 +167,16 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 				f.Key = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
 				f.Uploaded = true
 				key = f.Key
+				if lf.Size <= bufferedMax {
+					b, release, err := readBuffered(path, lf)
+					if err != nil {
+						return err
+					}
+					defer release()
+					data = b
+					sum := sha256.Sum256(data)
+					f.SHA256 = hex.EncodeToString(sum[:])
+				}
 				mu.Lock()
 				res.FilesUploaded++
 				mu.Unlock()
@@ -166,7 +191,19 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 					attribute.String("ckpt.file", f.Name), attribute.Int64("ckpt.size", f.Size)))
 				defer span.End()
 			}
-			sha, err := putFile(uctx, req.Store, key, path, lf, f.SHA256 == "")
+			var sha string
+			var err error
+			if data != nil {
+				// The bytes hashed are the bytes sent. A file written
+				// meanwhile still fails the checkpoint: the app broke the
+				// immutability its local copy relies on.
+				err = req.Store.Put(uctx, key, bytes.NewReader(data), int64(len(data)))
+				if fi, serr := os.Stat(path); err == nil && (serr != nil || fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime) {
+					err = fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", path)
+				}
+			} else {
+				sha, err = putFile(uctx, req.Store, key, path, lf, f.SHA256 == "")
+			}
 			if err != nil {
 				return fmt.Errorf("upload %s: %w", f.Name, err)
 			}
@@ -192,6 +229,45 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 const hashBuf = 1 << 20
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, hashBuf); return &b }}
+
+// bufferedMax is the size up to which a file that must be hashed is read
+// whole into memory once, hashed, and uploaded from that buffer: one read
+// of the page cache instead of two (hash, then send), for the small SSTs
+// flushes and compactions write. Larger files stream, twice.
+const bufferedMax = 4 << 20
+
+var bigBufs = sync.Pool{New: func() any { b := make([]byte, bufferedMax); return &b }}
+
+// readBuffered reads the file the snapshot listed as lf whole into a pooled
+// buffer; release gives the buffer back. It fails if the file is not that
+// one any more (size or mtime moved) or does not hold exactly lf.Size bytes.
+func readBuffered(path string, lf localrecovery.File) (data []byte, release func(), err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, nil, err
+	}
+	if fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime {
+		return nil, nil, fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", path)
+	}
+	bp := bigBufs.Get().(*[]byte)
+	release = func() { bigBufs.Put(bp) }
+	buf := (*bp)[:lf.Size]
+	if _, err := io.ReadFull(f, buf); err != nil {
+		release()
+		return nil, nil, fmt.Errorf("read %s: %w: snapshot files must be immutable", path, err)
+	}
+	var one [1]byte
+	if n, _ := f.Read(one[:]); n != 0 {
+		release()
+		return nil, nil, fmt.Errorf("read %s: longer than the snapshot's %d bytes: snapshot files must be immutable", path, lf.Size)
+	}
+	return buf, release, nil
+}
 
 // hashFile streams a file through SHA-256 and checks its size.
 func hashFile(ctx context.Context, path string, size int64) (string, error) {
