@@ -383,7 +383,7 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 		}
 		return Event{}, err
 	}
-	a.committed(t, m, encoded)
+	a.committed(t, m, encoded, ck.snap)
 	dur := time.Since(ck.start).Milliseconds()
 	ck.result = telemetry.CheckpointRecord{CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
 		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, BytesUploaded: m.CheckpointSize}
@@ -421,10 +421,10 @@ func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byt
 // committed updates the task after its manifest was written: local copy,
 // retained set, and retention of older manifests. Failures here are logged;
 // the checkpoint is complete whatever happens to its local copy.
-func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte) {
+func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
 	ctx := context.WithoutCancel(a.jobsCtx)
 	var hashes map[localrecovery.Identity]string
-	if l, err := a.local.Complete(t.name, m.Checkpoint, m, encoded); err != nil {
+	if l, err := a.local.CompleteInspected(t.name, m.Checkpoint, m, encoded, snap.Files); err != nil {
 		a.log.Warn("keep local copy", "task", t.name, "checkpoint", m.Checkpoint, "err", err)
 	} else {
 		hashes = l.Hashes()

@@ -293,14 +293,29 @@ func copyFile(from, to string) error {
 // checkpoints. Checkpoints newer than n (in flight) are kept. It returns
 // the complete local checkpoint.
 func (s *Store) Complete(task string, n uint64, m *manifests.Manifest, manifest []byte) (*Local, error) {
+	return s.CompleteInspected(task, n, m, manifest, nil)
+}
+
+// CompleteInspected is Complete for a snapshot whose files were inspected
+// (Snapshot.Files) before they were hashed and uploaded: their identities
+// then are the ones recorded, without a stat of every file again. A file
+// written since has another mtime, so it can only fail the identity check
+// later and be hashed, never pass it.
+func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, manifest []byte, inspected []File) (*Local, error) {
 	if m.Task != task || m.Checkpoint != n {
 		return nil, fmt.Errorf("local store: manifest of %s checkpoint %d recorded as %s checkpoint %d", m.Task, m.Checkpoint, task, n)
 	}
-	// The identities the files have now, right after their hashes went into
-	// the manifest: what Local.Unchanged compares against.
-	ids := map[string]Identity{}
+	known := make(map[string]Identity, len(inspected))
+	for _, f := range inspected {
+		known[f.Name] = f.ID()
+	}
+	// The identities the files had when their hashes went into the manifest:
+	// what Local.Unchanged compares against.
+	ids := make(map[string]Identity, len(m.Files))
 	for _, f := range m.Files {
-		if st, err := stat(filepath.Join(s.chkDir(task, n), f.Name)); err == nil && st != nil && st.Size == f.Size {
+		if id, ok := known[f.Name]; ok && id.Size == f.Size {
+			ids[f.Name] = id
+		} else if st, err := stat(filepath.Join(s.chkDir(task, n), f.Name)); err == nil && st != nil && st.Size == f.Size {
 			ids[f.Name] = st.ID()
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"hash"
 	"io"
 	"os"
+	"sort"
 	"sync"
 	"sync/atomic"
 
@@ -94,7 +95,15 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(req.Concurrency)
-	for i, lf := range sn.Files {
+	// Largest files first: the last to start are the small ones, so the
+	// workers finish together, not one large file alone at the end.
+	order := make([]int, len(sn.Files))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return sn.Files[order[a]].Size > sn.Files[order[b]].Size })
+	for _, i := range order {
+		lf := sn.Files[i]
 		f := &res.Files[i]
 		*f = manifests.File{Name: lf.Name, Kind: manifests.Classify(lf.Name), Size: lf.Size}
 		g.Go(func() error {
