@@ -208,6 +208,7 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 			go func() { ckptErr <- checkpoints(stop) }()
 		}
 		cpu0 := cpuNow(sc.pid, storagePID)
+		_, stall0 := r.w.Stalls()
 		start := time.Now()
 		var writes int64
 		for time.Since(start) < phase {
@@ -246,6 +247,8 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		}
 		d := time.Since(start)
 		used := cpuNow(sc.pid, storagePID).sub(cpu0)
+		_, stall1 := r.w.Stalls()
+		fig.PhaseStallMS = append(fig.PhaseStallMS, ms(stall1-stall0))
 		fig.PhaseCores = append(fig.PhaseCores, used.cores(d))
 		switch {
 		case p == "warmup":

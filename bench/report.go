@@ -170,6 +170,9 @@ type AppThroughput struct {
 	PhaseCores []CoreShare `json:"phase_cores"`
 	OnCores    CoreShare   `json:"on_cores"`
 	OffCores   CoreShare   `json:"off_cores"`
+	// PhaseStallMS is, per phase, how long Pebble held the app's writes
+	// back while its flushes and compactions caught up (write stalls).
+	PhaseStallMS []float64 `json:"phase_stall_ms"`
 	// BlockRatios is the ratio of each off-on-on-off block alone.
 	BlockRatios []float64 `json:"block_ratios"`
 	// UploadLagMS is, per phase with checkpoints, how long after the

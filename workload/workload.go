@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -189,6 +190,11 @@ type Workload struct {
 	oldest   uint32   // no id below it is live
 	stats    Stats
 	val      []byte
+
+	// stalls counts Pebble's write stalls (writes held back while flushes
+	// or compactions catch up) and their total time in nanoseconds.
+	stalls, stallNanos atomic.Int64
+	stallBegan         atomic.Int64 // unix nanoseconds, 0 when not stalled
 }
 
 // Open creates a Pebble store in dir (which must not hold one already, or
@@ -200,7 +206,20 @@ func Open(dir string, opts Options) (*Workload, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("workload dir: %w", err)
 	}
-	db, err := pebble.Open(dir, PebbleOptions(opts.MemTableSize))
+	w := &Workload{opts: opts, dir: dir, val: make([]byte, opts.ValueSize)}
+	po := PebbleOptions(opts.MemTableSize)
+	po.EventListener = &pebble.EventListener{
+		WriteStallBegin: func(pebble.WriteStallBeginInfo) {
+			w.stalls.Add(1)
+			w.stallBegan.Store(time.Now().UnixNano())
+		},
+		WriteStallEnd: func() {
+			if t := w.stallBegan.Swap(0); t != 0 {
+				w.stallNanos.Add(time.Now().UnixNano() - t)
+			}
+		},
+	}
+	db, err := pebble.Open(dir, po)
 	if err != nil {
 		return nil, fmt.Errorf("open pebble store %s: %w", dir, err)
 	}
@@ -215,7 +234,18 @@ func Open(dir string, opts Options) (*Workload, error) {
 		db.Close()
 		return nil, fmt.Errorf("pebble store %s is not empty: the workload needs a new store to model it", dir)
 	}
-	return &Workload{opts: opts, dir: dir, db: db, val: make([]byte, opts.ValueSize)}, nil
+	w.db = db
+	return w, nil
+}
+
+// Stalls returns how many write stalls Pebble has had and their total time
+// (a stall in progress counts up to now).
+func (w *Workload) Stalls() (int64, time.Duration) {
+	d := w.stallNanos.Load()
+	if t := w.stallBegan.Load(); t != 0 {
+		d += time.Now().UnixNano() - t
+	}
+	return w.stalls.Load(), time.Duration(d)
 }
 
 // Close closes the store. The model stays usable through earlier snapshots.
