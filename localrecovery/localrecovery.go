@@ -369,11 +369,7 @@ func (s *Store) Lend(task string, n uint64, m *manifests.Manifest, dir string) b
 	if err := os.Mkdir(src, 0o750); err != nil {
 		return true // Readopt finds no dir to fill, and records nothing
 	}
-	for _, f := range m.Files {
-		if f.Kind != manifests.Shared {
-			copyFile(filepath.Join(dir, f.Name), filepath.Join(src, f.Name))
-		}
-	}
+	fill(src, dir, m, false, true)
 	return true
 }
 
@@ -391,11 +387,7 @@ func (s *Store) Readopt(task string, m *manifests.Manifest, encoded []byte, dir 
 	s.bg.Add(1)
 	go func() {
 		defer s.bg.Done()
-		for _, f := range m.Files {
-			if f.Kind == manifests.Shared {
-				os.Link(filepath.Join(dir, f.Name), filepath.Join(dst, f.Name))
-			}
-		}
+		fill(dst, dir, m, true, false)
 		s.Complete(task, m.Checkpoint, m, encoded)
 	}()
 }
@@ -530,11 +522,7 @@ func (s *Store) GetFor(task string, m *manifests.Manifest, encoded []byte) *Loca
 	if err != nil || m.Task != task || !bytes.Equal(data, encoded) {
 		return nil
 	}
-	l := &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m}
-	if b, err := os.ReadFile(s.idsPath(task, n)); err == nil {
-		json.Unmarshal(b, &l.ids) // unreadable: nothing counts as unchanged
-	}
-	return l
+	return s.withIDs(task, m)
 }
 
 func (s *Store) load(task string, n uint64) *Local {
@@ -546,8 +534,14 @@ func (s *Store) load(task string, n uint64) *Local {
 	if err != nil || m.Task != task || m.Checkpoint != n {
 		return nil
 	}
-	l := &Local{Checkpoint: n, Dir: s.chkDir(task, n), Manifest: m}
-	if b, err := os.ReadFile(s.idsPath(task, n)); err == nil {
+	return s.withIDs(task, m)
+}
+
+// withIDs is the local checkpoint m describes, with the identities recorded
+// at its completion.
+func (s *Store) withIDs(task string, m *manifests.Manifest) *Local {
+	l := &Local{Checkpoint: m.Checkpoint, Dir: s.chkDir(task, m.Checkpoint), Manifest: m}
+	if b, err := os.ReadFile(s.idsPath(task, m.Checkpoint)); err == nil {
 		json.Unmarshal(b, &l.ids) // unreadable: nothing counts as unchanged
 	}
 	return l
@@ -607,6 +601,30 @@ func HashIndex(l *Local) map[Identity]string {
 	return idx
 }
 
+// fill puts m's files from src into the local copy dst: the shared ones
+// (immutable) as hard links, the private ones (the engine may append to
+// them) as copies, each kind only if asked. It counts the files it put; a
+// file it cannot put (another device, gone) is left out.
+func fill(dst, src string, m *manifests.Manifest, shared, private bool) int {
+	n := 0
+	for _, f := range m.Files {
+		from, to := filepath.Join(src, f.Name), filepath.Join(dst, f.Name)
+		var err error
+		switch {
+		case f.Kind == manifests.Shared && shared:
+			err = os.Link(from, to)
+		case f.Kind != manifests.Shared && private:
+			err = copyFile(from, to)
+		default:
+			continue
+		}
+		if err == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // Adopt records files already in place (a restored store in dir) as the
 // complete local checkpoint of task described by m, and m itself. Shared
 // files are hard-linked (they are immutable, and the shared inode is what
@@ -622,19 +640,7 @@ func (s *Store) Adopt(task string, m *manifests.Manifest, encoded []byte, dir st
 	if err := os.MkdirAll(dst, 0o750); err != nil {
 		return 0, fmt.Errorf("local store: %w", err)
 	}
-	linked := 0
-	for _, f := range m.Files {
-		from, to := filepath.Join(dir, f.Name), filepath.Join(dst, f.Name)
-		var err error
-		if f.Kind == manifests.Shared {
-			err = os.Link(from, to)
-		} else {
-			err = copyFile(from, to)
-		}
-		if err == nil {
-			linked++
-		}
-	}
+	linked := fill(dst, dir, m, true, true)
 	if _, err := s.Complete(task, m.Checkpoint, m, encoded); err != nil {
 		return linked, err
 	}

@@ -122,14 +122,12 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 					mu.Unlock()
 				} else if lf.Size <= bufferedMax {
 					// Read once: the hash and the upload take the same bytes.
-					b, release, err := readBuffered(path, lf)
+					b, sha, release, err := readBuffered(path, lf)
 					if err != nil {
 						return err
 					}
 					defer release()
-					data = b
-					sum := sha256.Sum256(data)
-					f.SHA256 = hex.EncodeToString(sum[:])
+					data, f.SHA256 = b, sha
 					mu.Lock()
 					res.BytesHashed += lf.Size
 					mu.Unlock()
@@ -177,14 +175,12 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 				f.Uploaded = true
 				key = f.Key
 				if lf.Size <= bufferedMax {
-					b, release, err := readBuffered(path, lf)
+					b, sha, release, err := readBuffered(path, lf)
 					if err != nil {
 						return err
 					}
 					defer release()
-					data = b
-					sum := sha256.Sum256(data)
-					f.SHA256 = hex.EncodeToString(sum[:])
+					data, f.SHA256 = b, sha
 				}
 				mu.Lock()
 				res.FilesUploaded++
@@ -248,34 +244,36 @@ const bufferedMax = 4 << 20
 var bigBufs = sync.Pool{New: func() any { b := make([]byte, bufferedMax); return &b }}
 
 // readBuffered reads the file the snapshot listed as lf whole into a pooled
-// buffer; release gives the buffer back. It fails if the file is not that
-// one any more (size or mtime moved) or does not hold exactly lf.Size bytes.
-func readBuffered(path string, lf localrecovery.File) (data []byte, release func(), err error) {
+// buffer and hashes it; release gives the buffer back. It fails if the file
+// is not that one any more (size or mtime moved) or does not hold exactly
+// lf.Size bytes.
+func readBuffered(path string, lf localrecovery.File) (data []byte, sha string, release func(), err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	defer f.Close()
 	fi, err := f.Stat()
 	if err != nil {
-		return nil, nil, err
+		return nil, "", nil, err
 	}
 	if fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime {
-		return nil, nil, fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", path)
+		return nil, "", nil, fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", path)
 	}
 	bp := bigBufs.Get().(*[]byte)
 	release = func() { bigBufs.Put(bp) }
 	buf := (*bp)[:lf.Size]
 	if _, err := io.ReadFull(f, buf); err != nil {
 		release()
-		return nil, nil, fmt.Errorf("read %s: %w: snapshot files must be immutable", path, err)
+		return nil, "", nil, fmt.Errorf("read %s: %w: snapshot files must be immutable", path, err)
 	}
 	var one [1]byte
 	if n, _ := f.Read(one[:]); n != 0 {
 		release()
-		return nil, nil, fmt.Errorf("read %s: longer than the snapshot's %d bytes: snapshot files must be immutable", path, lf.Size)
+		return nil, "", nil, fmt.Errorf("read %s: longer than the snapshot's %d bytes: snapshot files must be immutable", path, lf.Size)
 	}
-	return buf, release, nil
+	sum := sha256.Sum256(buf)
+	return buf, hex.EncodeToString(sum[:]), release, nil
 }
 
 // hashFile streams a file through SHA-256 and checks its size.
