@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -88,10 +89,12 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 	// Phases of 5 s vary by up to 20% from one to the next on a 2-core
 	// machine (compactions come in bursts), with or without checkpoints:
 	// full-size runs measure 10 s phases.
-	phase, interval := 5*time.Second, time.Second
+	phase, interval := 5*time.Second, r.o.AppInterval
 	if r.o.StateBytes >= 256<<20 {
 		phase = 10 * time.Second
 	}
+	// A phase holds at least five checkpoints.
+	phase = max(phase, 5*interval)
 	if r.o.Quick {
 		phase, interval = 300*time.Millisecond, 100*time.Millisecond
 	}
@@ -125,6 +128,7 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 	}
 	next := uint64(2)
 	var pauses, snaps []float64
+	var shipped atomic.Int64 // bytes the phase's checkpoints wrote to storage
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var failed error
@@ -172,16 +176,20 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := pend.Wait(ctx); err != nil {
+				ev, err := pend.Wait(ctx)
+				if err != nil {
 					mu.Lock()
 					failed = err
 					mu.Unlock()
+					return
 				}
+				shipped.Add(ev.CheckpointSize)
 			}()
 		}
 	}
 	fig.Cores = runtime.NumCPU()
 	var cpuOn, cpuOff cpuTimes
+	var shippedOn int64
 	var durOn, durOff time.Duration
 	var phaseWrites []int64
 	var phaseDur []time.Duration
@@ -209,6 +217,8 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		}
 		cpu0 := cpuNow(sc.pid, storagePID)
 		_, stall0 := r.w.Stalls()
+		lsm0 := r.w.LSM()
+		shipped.Store(0)
 		start := time.Now()
 		var writes int64
 		for time.Since(start) < phase {
@@ -248,12 +258,17 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		d := time.Since(start)
 		used := cpuNow(sc.pid, storagePID).sub(cpu0)
 		_, stall1 := r.w.Stalls()
+		lsm1 := r.w.LSM()
 		fig.PhaseStallMS = append(fig.PhaseStallMS, ms(stall1-stall0))
+		mbps := func(b int64) float64 { return round(float64(b)/1e6/d.Seconds(), 4) }
+		fig.PhaseLSMWrittenMBPerS = append(fig.PhaseLSMWrittenMBPerS, mbps(int64(lsm1.FlushedBytes+lsm1.CompactedBytes-lsm0.FlushedBytes-lsm0.CompactedBytes)))
+		fig.PhaseShippedMBPerS = append(fig.PhaseShippedMBPerS, mbps(shipped.Load()))
 		fig.PhaseCores = append(fig.PhaseCores, used.cores(d))
 		switch {
 		case p == "warmup":
 		case on:
 			cpuOn, durOn = cpuOn.add(used), durOn+d
+			shippedOn += shipped.Load()
 		default:
 			cpuOff, durOff = cpuOff.add(used), durOff+d
 		}
@@ -274,6 +289,9 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		fig.Ratio = round(fig.WithWritesPerS/fig.WithoutWritesPerS, 5)
 	}
 	fig.OnCores, fig.OffCores = cpuOn.cores(durOn), cpuOff.cores(durOff)
+	if shippedOn > 0 && cpuOn.agent > 0 {
+		fig.AgentCPUSecondsPerGB = round(cpuOn.agent.Seconds()/(float64(shippedOn)/1e9), 4)
+	}
 	// Each off-on-on-off block on its own, to show the spread.
 	for b := 1; b+4 <= len(fig.Phases); b += 4 {
 		var rate [2]struct {

@@ -61,6 +61,9 @@ type Options struct {
 	Churn float64
 	// Checkpoints is the number of incremental checkpoints (default 10; quick 3).
 	Checkpoints int
+	// AppInterval is the checkpoint interval of the app-throughput section
+	// (default 1s; quick 100ms). Phases last at least five intervals.
+	AppInterval time.Duration
 	// Quick scales everything down to run in seconds (a smoke test).
 	Quick bool
 	// Only limits the run to these sections (default all): incremental,
@@ -99,6 +102,9 @@ func (o *Options) defaults() error {
 			o.Checkpoints = 3
 		}
 	}
+	if o.AppInterval == 0 {
+		o.AppInterval = time.Second
+	}
 	if o.Seed == 0 {
 		o.Seed = 1
 	}
@@ -110,6 +116,8 @@ func (o *Options) defaults() error {
 		return fmt.Errorf("state bytes must be at least 1 MiB, got %d", o.StateBytes)
 	case o.Churn <= 0 || o.Churn > 1:
 		return fmt.Errorf("churn must be in (0, 1], got %g", o.Churn)
+	case o.AppInterval < 10*time.Millisecond || o.AppInterval > 10*time.Minute:
+		return fmt.Errorf("app interval must be between 10ms and 10m, got %s", o.AppInterval)
 	case o.Checkpoints < 2:
 		return fmt.Errorf("checkpoints must be at least 2 (the first one is a full upload either way), got %d", o.Checkpoints)
 	}

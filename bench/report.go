@@ -173,6 +173,18 @@ type AppThroughput struct {
 	// PhaseStallMS is, per phase, how long Pebble held the app's writes
 	// back while its flushes and compactions caught up (write stalls).
 	PhaseStallMS []float64 `json:"phase_stall_ms"`
+	// PhaseLSMWrittenMBPerS is what Pebble's flushes and compactions wrote
+	// per second in each phase; PhaseShippedMBPerS what the phase's
+	// checkpoints wrote to storage per second: the files that were new at a
+	// checkpoint. Files written and compacted away again between two
+	// checkpoints are never shipped, so the longer the interval, the smaller
+	// the second against the first.
+	PhaseLSMWrittenMBPerS []float64 `json:"phase_lsm_written_mb_per_s"`
+	PhaseShippedMBPerS    []float64 `json:"phase_shipped_mb_per_s"`
+	// AgentCPUSecondsPerGB is the agent's CPU time over the bytes it
+	// shipped in the phases with checkpoints: its cost per byte, which the
+	// throughput ratio only shows through the noise of the app's rate.
+	AgentCPUSecondsPerGB float64 `json:"agent_cpu_s_per_gb"`
 	// BlockRatios is the ratio of each off-on-on-off block alone.
 	BlockRatios []float64 `json:"block_ratios"`
 	// UploadLagMS is, per phase with checkpoints, how long after the
@@ -477,9 +489,9 @@ func (r *Report) Print(w io.Writer) error {
 		if a == nil {
 			continue
 		}
-		fmt.Fprintf(w, "\nApp throughput, storage %s: %.0f writes/s with a checkpoint every %.0f ms (%d taken; app waited p50 %.1f ms of which flush+snapshot %.1f ms), %.0f without (phases %v: %.0f); cores with checkpoints: app %.2f, agent %.2f, storage server %.2f; uploads done %v ms after each phase; ratio per off-on-on-off block %v\n",
+		fmt.Fprintf(w, "\nApp throughput, storage %s: %.0f writes/s with a checkpoint every %.0f ms (%d taken; app waited p50 %.1f ms of which flush+snapshot %.1f ms), %.0f without (phases %v: %.0f); cores with checkpoints: app %.2f, agent %.2f (%.2f CPU-s per GB shipped), storage server %.2f; uploads done %v ms after each phase; ratio per off-on-on-off block %v; MB/s written by Pebble %v, shipped %v\n",
 			a.Storage, a.WithWritesPerS, a.IntervalMS, a.Checkpoints, a.PauseP50MS, a.SnapshotP50MS, a.WithoutWritesPerS, a.Phases, a.PhaseWritesPerS,
-			a.OnCores.App, a.OnCores.Agent, a.OnCores.Storage, a.UploadLagMS, a.BlockRatios)
+			a.OnCores.App, a.OnCores.Agent, a.AgentCPUSecondsPerGB, a.OnCores.Storage, a.UploadLagMS, a.BlockRatios, a.PhaseLSMWrittenMBPerS, a.PhaseShippedMBPerS)
 	}
 	for _, p := range r.Pause {
 		fmt.Fprintf(w, "App pause at %d files, %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples)\n", p.Files, p.Mode, p.P50MS, p.P99MS, p.MaxMS, p.Samples)

@@ -8,6 +8,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"time"
 
 	"ckpt/bench"
 )
@@ -19,6 +20,7 @@ func runBench(ctx context.Context, args []string) error {
 	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
 	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
 	checkpoints := fs.Int("checkpoints", 0, "checkpoints of the incremental section (default 10; --quick 3)")
+	appInterval := fs.Duration("app-interval", time.Second, "checkpoint interval of the app-throughput section (phases last at least five intervals)")
 	quick := fs.Bool("quick", false, "scale everything down to run in seconds (a smoke test: figures are not meaningful)")
 	asJSON := fs.Bool("json", false, "print one JSON object with every figure and the per-checkpoint series")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (agents in it included) to FILE")
@@ -29,7 +31,7 @@ func runBench(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, Quick: *quick, Dir: *dir, AgentMetricsAddr: *agentMetrics, Log: os.Stderr}
+	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir, AgentMetricsAddr: *agentMetrics, Log: os.Stderr}
 	if *quiet {
 		o.Log = io.Discard
 	}

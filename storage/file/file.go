@@ -9,6 +9,7 @@
 package file
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -80,6 +81,33 @@ func (s *Store) Put(ctx context.Context, key string, body io.ReadSeeker, size in
 	return s.write(ctx, key, body, size, false)
 }
 
+// copyBody writes body to f and returns how many bytes it had, reading at
+// most size+1 of them (one more than size tells a longer body). A body in
+// memory goes out in one write. A file is copied by the kernel
+// (copy_file_range or splice, through os.File.ReadFrom) in chunks, and
+// anything else through a buffer; ctx is checked between chunks.
+func copyBody(ctx context.Context, f *os.File, body io.Reader, size int64) (int64, error) {
+	if br, ok := body.(*bytes.Reader); ok && int64(br.Len()) <= size+1 {
+		return br.WriteTo(f)
+	}
+	if src, ok := body.(*os.File); ok {
+		const chunk = 64 << 20
+		var n int64
+		for n <= size {
+			if err := ctx.Err(); err != nil {
+				return n, err
+			}
+			m, err := f.ReadFrom(io.LimitReader(src, min(chunk, size+1-n)))
+			n += m
+			if err != nil || m == 0 {
+				return n, err
+			}
+		}
+		return n, nil
+	}
+	return io.Copy(f, storage.ContextReader(ctx, io.LimitReader(body, size+1)))
+}
+
 // Create writes the object through a temporary file and a hard link, which
 // fails if the key exists: the link is the atomic create-if-absent.
 func (s *Store) Create(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
@@ -107,7 +135,7 @@ func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size 
 			os.Remove(tmpName)
 		}
 	}()
-	n, err := io.Copy(tmp, storage.ContextReader(ctx, io.LimitReader(body, size+1)))
+	n, err := copyBody(ctx, tmp, body, size)
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}

@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -42,6 +44,7 @@ func Run(t *testing.T, newStore func(t *testing.T) storage.Store, opts Options) 
 		{"of concurrent creates exactly one wins", testCreateRace},
 		{"get and stat of a missing key say not found", testNotFound},
 		{"put with a short or long body fails and leaves nothing", testSizeMismatch},
+		{"a file body round-trips, and a short or long one fails", testFileBody},
 		{"list reports exactly the keys under a prefix", testList},
 		{"delete removes keys and ignores missing ones", testDelete},
 		{"a large object round-trips", func(t *testing.T, s storage.Store) { testLarge(t, s, opts.LargeSize) }},
@@ -216,6 +219,39 @@ func testSizeMismatch(t *testing.T, s storage.Store) {
 	}
 	if got := keys(t, s, ""); len(got) != 0 {
 		t.Fatalf("failed puts left objects: %v", got)
+	}
+}
+
+// testFileBody puts from an *os.File, as the uploader does for files it
+// does not read into memory (a backend may hand it to the kernel).
+func testFileBody(t *testing.T, s storage.Store) {
+	data := randBytes(t, 300<<10)
+	path := filepath.Join(t.TempDir(), "body")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	open := func() *os.File {
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return f
+	}
+	if err := s.Put(ctx(t), "file", open(), int64(len(data))); err != nil {
+		t.Fatalf("put from a file: %v", err)
+	}
+	if got := get(t, s, "file"); !bytes.Equal(got, data) {
+		t.Fatalf("get returned %d bytes, not the %d put from a file", len(got), len(data))
+	}
+	if err := s.Put(ctx(t), "short", open(), int64(len(data))+10); err == nil {
+		t.Fatal("put of a file declared 10 bytes longer than it is succeeded")
+	}
+	if err := s.Put(ctx(t), "long", open(), int64(len(data))-10); err == nil {
+		t.Fatal("put of a file declared 10 bytes shorter than it is succeeded")
+	}
+	if got := keys(t, s, ""); len(got) != 1 || got[0] != "file" {
+		t.Fatalf("keys after the failed puts: %v, want only file", got)
 	}
 }
 
