@@ -114,3 +114,33 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 		t.Errorf("human report: %v\n%s", err, out.String())
 	}
 }
+
+// TestBadOptionsAreRefusedBeforeAnythingRuns: every out-of-range option is
+// refused with an error that names it, and the scratch directory stays
+// empty (no server started, no store loaded).
+func TestBadOptionsAreRefusedBeforeAnythingRuns(t *testing.T) {
+	for name, tc := range map[string]struct {
+		o    Options
+		want string
+	}{
+		"tiny state":         {Options{StateBytes: 1 << 10}, "state bytes"},
+		"churn above 1":      {Options{Churn: 1.5}, "churn"},
+		"one checkpoint":     {Options{Checkpoints: 1}, "checkpoints"},
+		"interval too short": {Options{AppInterval: time.Millisecond}, "app interval"},
+		"interval too long":  {Options{AppInterval: time.Hour}, "app interval"},
+		"negative interval":  {Options{AppInterval: -time.Second}, "app interval"},
+		"unknown section":    {Options{Only: []string{"nope"}}, "unknown section"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			tc.o.Dir = dir
+			_, err := Run(context.Background(), tc.o)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Run(%+v) = %v, want an error about %s", tc.o, err, tc.want)
+			}
+			if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+				t.Fatalf("a refused run left %d entries in its directory", len(ents))
+			}
+		})
+	}
+}

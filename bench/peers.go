@@ -364,6 +364,10 @@ func (r *run) endToEnd(ctx context.Context) error {
 	// ckpt as the app runs it: flush, Pebble checkpoint, handoff, upload.
 	dir := filepath.Join(r.root, "e2e-snap")
 	t0 := time.Now()
+	if err := r.w.DB().Flush(); err != nil {
+		return fmt.Errorf("flush: %w", err)
+	}
+	e.FlushMS = ms(time.Since(t0))
 	if _, err := r.snapshot(dir); err != nil {
 		return err
 	}

@@ -1,13 +1,15 @@
 package bench
 
 import (
-	"ckpt/telemetry"
 	"fmt"
 	"io"
 	"math"
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	"ckpt/telemetry"
 )
 
 // Report is what a run measured; its JSON is `ckpt bench --json`. A figure
@@ -234,8 +236,10 @@ type EndToEnd struct {
 	AddedBytes int64 `json:"added_bytes"`
 	// CkptMS is flush + Pebble checkpoint + request until completed;
 	// the parts follow.
-	CkptMS         float64         `json:"ckpt_ms"`
-	SnapshotMS     float64         `json:"snapshot_ms"`
+	CkptMS     float64 `json:"ckpt_ms"`
+	SnapshotMS float64 `json:"snapshot_ms"`
+	// FlushMS is the part of SnapshotMS spent flushing the memtables.
+	FlushMS        float64         `json:"flush_ms"`
 	PauseMS        float64         `json:"pause_ms"`
 	UploadMS       float64         `json:"upload_ms"`
 	CheckpointSize int64           `json:"checkpoint_size"`
@@ -371,7 +375,7 @@ func (r *Report) finish() {
 	at := r.AppThroughput
 	note = ""
 	if at != nil {
-		note = fmt.Sprintf("storage server on the app's machine: it used %.2f cores, the agent %.2f, of %d, while checkpoints ran", at.OnCores.Storage, at.OnCores.Agent, at.Cores)
+		note = fmt.Sprintf("a checkpoint every %s; storage server on the app's machine: it used %.2f cores, the agent %.2f, of %d, while checkpoints ran", msDuration(at.IntervalMS), at.OnCores.Storage, at.OnCores.Agent, at.Cores)
 	}
 	add("app throughput with checkpoints / without (storage server on the same machine)", at != nil, val(at, func(a *AppThroughput) float64 { return a.Ratio }), "x", ">=", 0.95, false, note)
 	var off *AppThroughput
@@ -381,7 +385,7 @@ func (r *Report) finish() {
 			note = at.OffNode.Reason
 		} else {
 			off = at.OffNode
-			note = fmt.Sprintf("storage off the app's disk and cores (file store on tmpfs), as in production: the agent used %.2f cores of %d", off.OnCores.Agent, off.Cores)
+			note = fmt.Sprintf("a checkpoint every %s; storage off the app's disk and cores (file store on tmpfs), as in production: the agent used %.2f cores of %d, %.2f CPU-s per GB shipped", msDuration(off.IntervalMS), off.OnCores.Agent, off.Cores, off.AgentCPUSecondsPerGB)
 		}
 	}
 	add("app throughput with checkpoints / without (storage off the node)", off != nil, val(off, func(a *AppThroughput) float64 { return a.Ratio }), "x", ">=", 0.95, false, note)
@@ -505,6 +509,9 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	return nil
 }
+
+// msDuration formats a figure in milliseconds as a duration ("1s").
+func msDuration(ms float64) string { return time.Duration(ms * float64(time.Millisecond)).String() }
 
 // offNode is a's run with the storage off the node, if it was measured.
 func offNode(a *AppThroughput) *AppThroughput {

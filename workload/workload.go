@@ -112,8 +112,13 @@ func (o *Options) defaults() error {
 // Lbase holds 4 MiB and every level aims at 1 MiB files, so a few tens of
 // MiB already make a multi-level tree of many files, and a compaction
 // rewrites only the files it touches: the proportions of a production store
-// (64 MiB files, hundreds of GiB), scaled down. The logger is quiet: WAL
-// replay and compaction lines never reach stderr.
+// (64 MiB files, hundreds of GiB), scaled down. The MANIFEST is scaled down
+// with them: 1 MiB files log 64 times as many version edits per byte written
+// as 64 MiB ones, so Pebble's 128 MiB limit becomes 2 MiB. Unscaled, a few
+// minutes of writes flat out grew it to several MB, which every Pebble
+// checkpoint copies and fsyncs and every ckpt checkpoint ships (it is a
+// private file). The logger is quiet: WAL replay and compaction lines never
+// reach stderr.
 func PebbleOptions(memTableSize uint64) *pebble.Options {
 	if memTableSize == 0 {
 		memTableSize = 4 << 20
@@ -123,6 +128,7 @@ func PebbleOptions(memTableSize uint64) *pebble.Options {
 		L0CompactionThreshold: 2,
 		L0StopWritesThreshold: 16,
 		LBaseMaxBytes:         4 << 20,
+		MaxManifestFileSize:   2 << 20,
 		Logger:                quietLogger{},
 	}
 	for i := range o.TargetFileSizes {

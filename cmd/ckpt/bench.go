@@ -14,7 +14,7 @@ import (
 )
 
 func runBench(ctx context.Context, args []string) error {
-	fs := newFlags("bench", "[--storage URL] [--state-bytes B] [--churn F] [--checkpoints N] [--quick] [--json] [--cpuprofile FILE]",
+	fs := newFlags("bench", "[--storage URL] [--state-bytes B] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]",
 		"ckpt bench --state-bytes 1GiB --json > bench.json")
 	store := fs.String("storage", "", "storage URL to measure against (default: start versitygw, an S3 server, on 127.0.0.1)")
 	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
