@@ -83,6 +83,22 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 			t.Errorf("tool %s is not in the report (a missing peer must be reported as missing)", n)
 		}
 	}
+	// The app section: bytes shipped only in the phases with checkpoints,
+	// all of them there (each phase waits for its uploads).
+	apps := []*AppThroughput{rep.AppThroughput}
+	if off := offNode(rep.AppThroughput); off != nil { // nil: no tmpfs here
+		apps = append(apps, off)
+	}
+	for _, a := range apps {
+		if a == nil || a.Checkpoints == 0 || len(a.PhaseShippedMBPerS) != len(a.Phases) || len(a.PhaseLSMWrittenMBPerS) != len(a.Phases) {
+			t.Fatalf("app throughput: %+v", a)
+		}
+		for i, p := range a.Phases {
+			if shipped := a.PhaseShippedMBPerS[i]; (p == "on") != (shipped > 0) {
+				t.Errorf("app throughput (%s): phase %d (%s) shipped %g MB/s", a.Storage, i, p, shipped)
+			}
+		}
+	}
 	if e := rep.EndToEnd; e == nil || e.CkptMS <= 0 || len(e.Peers) != 2 || !e.Scaled {
 		t.Errorf("end to end: %+v", e)
 	}
