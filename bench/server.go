@@ -170,8 +170,11 @@ func startVersitygw(ctx context.Context, root string) (*target, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Keep-alive on, as on every production S3 endpoint (versitygw
+		// closes each connection after one request by default): every tool
+		// measured against it reuses its connections.
 		cmd := exec.Command(bin, "--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", benchAccessKey,
-			"--secret", benchSecretKey, "--region", benchRegion, "--quiet", "posix", data)
+			"--secret", benchSecretKey, "--region", benchRegion, "--quiet", "--keep-alive", "posix", data)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := cmd.Start(); err != nil {

@@ -227,9 +227,12 @@ func S3(t testing.TB, opts ...S3Option) *S3Server {
 		s.CAFile, certFile, keyFile, client = testCerts(t)
 		tlsArgs = []string{"--cert", certFile, "--key", keyFile}
 	}
+	// Keep-alive on, as on production endpoints (versitygw closes each
+	// connection after one request by default), so that tests see whether
+	// clients reuse their connections.
 	port := start(t, "versitygw", bin, func(port int) []string {
 		args := []string{"--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", s.AccessKey, "--secret", s.SecretKey,
-			"--region", s.Region, "--quiet"}
+			"--region", s.Region, "--quiet", "--keep-alive"}
 		args = append(args, tlsArgs...)
 		return append(args, "posix", s.DataDir)
 	}, func(port int) bool { return httpAnswers(client, fmt.Sprintf("%s://127.0.0.1:%d/", scheme, port)) })
