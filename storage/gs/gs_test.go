@@ -78,6 +78,14 @@ func TestConformanceThroughRetryAndFaults(t *testing.T) {
 	}, storagetest.Options{LargeSize: 20 << 20})
 }
 
+// TestConnectionsAreReused: see storagetest.ConnectionReuse.
+func TestConnectionsAreReused(t *testing.T) {
+	emulator(t, "reuse")
+	s := open(t, Options{Bucket: "reuse", Prefix: "p"})
+	defer s.Close()
+	storagetest.ConnectionReuse(t, s)
+}
+
 func TestOpenByURL(t *testing.T) {
 	srv := emulator(t, "urlbucket")
 	ctx := context.Background()

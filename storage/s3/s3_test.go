@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
 	"net/http/httputil"
 	"net/url"
 	"strings"
@@ -586,58 +585,11 @@ func BenchmarkPutSmall(b *testing.B) {
 	}
 }
 
-// TestConnectionsAreReused: against a server that keeps connections alive,
-// requests reuse idle connections. A response
-// body left unread or unclosed anywhere (a PUT's, a HEAD's, a GET's, an
-// error's) would cost a new TCP connection per request.
+// TestConnectionsAreReused: see storagetest.ConnectionReuse.
 func TestConnectionsAreReused(t *testing.T) {
 	srv := testservers.S3(t)
 	srv.CreateBucket(t, "reuse")
 	s := open(t, options(srv, "reuse", "p"))
 	defer s.Close()
-	data := make([]byte, 64<<10)
-	var requests, reused atomic.Int64
-	traced := func() context.Context {
-		return httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
-			requests.Add(1)
-			if ci.Reused {
-				reused.Add(1)
-			}
-		}})
-	}
-	for i := range 3 {
-		if err := s.Put(traced(), fmt.Sprintf("k%d", i), bytes.NewReader(data), int64(len(data))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := s.Stat(traced(), "k1"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Stat(traced(), "missing"); !errors.Is(err, storage.ErrNotFound) {
-		t.Fatalf("stat of a missing key: %v", err)
-	}
-	rc, err := s.Get(traced(), "k2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b, err := io.ReadAll(rc); err != nil || len(b) != len(data) {
-		t.Fatalf("get: %d bytes, %v", len(b), err)
-	}
-	rc.Close()
-	if err := s.List(traced(), "", func(storage.ObjectInfo) error { return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Create(traced(), "k0", bytes.NewReader(data), int64(len(data))); !errors.Is(err, storage.ErrExists) {
-		t.Fatalf("create of an existing key: %v", err)
-	}
-	if err := s.Delete(traced(), "k0", "k1"); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Put(traced(), "last", bytes.NewReader(data), int64(len(data))); err != nil {
-		t.Fatal(err)
-	}
-	// open already made the first connection; allow one new one anyway.
-	if n, r := requests.Load(), reused.Load(); n < 10 || r < n-1 {
-		t.Fatalf("%d requests, %d on a reused connection; want all but at most one", n, r)
-	}
+	storagetest.ConnectionReuse(t, s)
 }
