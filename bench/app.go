@@ -199,14 +199,30 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		if on && prev != "on" {
 			// The writes of the phase without checkpoints are shipped first,
 			// untimed: an app that checkpoints every interval never carries
-			// more than one interval of changes into a checkpoint.
+			// more than one interval of changes into a checkpoint. The app
+			// goes on writing meanwhile (uncounted): idle, it would hand
+			// Pebble's compactions a pause that only the phases with
+			// checkpoints get.
 			catchUp, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, next)
 			if err != nil {
 				return nil, fmt.Errorf("checkpoint %d: %w", next, err)
 			}
 			next++
-			if _, err := catchUp.Wait(ctx); err != nil {
-				return nil, fmt.Errorf("checkpoint %d: %w", next-1, err)
+			caughtUp := make(chan error, 1)
+			go func() { _, err := catchUp.Wait(ctx); caughtUp <- err }()
+		catchingUp:
+			for {
+				select {
+				case err := <-caughtUp:
+					if err != nil {
+						return nil, fmt.Errorf("checkpoint %d: %w", next-1, err)
+					}
+					break catchingUp
+				default:
+				}
+				if _, err := r.w.Round(ctx); err != nil {
+					return nil, fmt.Errorf("workload round: %w", err)
+				}
 			}
 		}
 		prev = p
