@@ -208,21 +208,14 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 				return nil, fmt.Errorf("checkpoint %d: %w", next, err)
 			}
 			next++
-			caughtUp := make(chan error, 1)
-			go func() { _, err := catchUp.Wait(ctx); caughtUp <- err }()
-		catchingUp:
-			for {
-				select {
-				case err := <-caughtUp:
-					if err != nil {
-						return nil, fmt.Errorf("checkpoint %d: %w", next-1, err)
-					}
-					break catchingUp
-				default:
-				}
-				if _, err := r.w.Round(ctx); err != nil {
-					return nil, fmt.Errorf("workload round: %w", err)
-				}
+			var waitErr error
+			caughtUp := make(chan struct{})
+			go func() { _, waitErr = catchUp.Wait(ctx); close(caughtUp) }()
+			if _, err := r.writeUntil(ctx, caughtUp); err != nil {
+				return nil, err
+			}
+			if waitErr != nil {
+				return nil, fmt.Errorf("checkpoint %d: %w", next-1, waitErr)
 			}
 		}
 		prev = p
@@ -256,19 +249,11 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 			uploaded := make(chan struct{})
 			go func() { wg.Wait(); close(uploaded) }()
 			tail := time.Now()
-		lag:
-			for {
-				select {
-				case <-uploaded:
-					break lag
-				default:
-				}
-				rs, err := r.w.Round(ctx)
-				if err != nil {
-					return nil, fmt.Errorf("workload round: %w", err)
-				}
-				writes += int64(rs.Writes())
+			n, err := r.writeUntil(ctx, uploaded)
+			if err != nil {
+				return nil, err
 			}
+			writes += n
 			fig.UploadLagMS = append(fig.UploadLagMS, ms(time.Since(tail)))
 		}
 		d := time.Since(start)
@@ -326,6 +311,24 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 	fig.PauseP50MS, fig.PauseMaxMS = percentile(pauses, 50), percentile(pauses, 100)
 	fig.SnapshotP50MS = percentile(snaps, 50)
 	return fig, nil
+}
+
+// writeUntil runs workload rounds until done is closed (checked between
+// rounds) and returns the writes they made.
+func (r *run) writeUntil(ctx context.Context, done <-chan struct{}) (int64, error) {
+	var writes int64
+	for {
+		select {
+		case <-done:
+			return writes, nil
+		default:
+		}
+		rs, err := r.w.Round(ctx)
+		if err != nil {
+			return writes, fmt.Errorf("workload round: %w", err)
+		}
+		writes += int64(rs.Writes())
+	}
 }
 
 // cpuTimes is the CPU time (user+system) of the bench process, the agent

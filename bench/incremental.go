@@ -57,11 +57,16 @@ func isShared(name string) bool {
 // snapshot flushes the memtable and makes a Pebble checkpoint (with the
 // flushed WAL) in a fresh dir, as client.CheckpointPebble does, and lists it.
 func (r *run) snapshot(dir string) ([]snapFile, error) {
-	if err := os.RemoveAll(dir); err != nil {
-		return nil, err
-	}
 	if err := r.w.DB().Flush(); err != nil {
 		return nil, fmt.Errorf("flush: %w", err)
+	}
+	return r.checkpointTo(dir)
+}
+
+// checkpointTo is snapshot without the flush.
+func (r *run) checkpointTo(dir string) ([]snapFile, error) {
+	if err := os.RemoveAll(dir); err != nil {
+		return nil, err
 	}
 	if err := r.w.DB().Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
 		return nil, fmt.Errorf("pebble checkpoint: %w", err)

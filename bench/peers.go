@@ -368,7 +368,7 @@ func (r *run) endToEnd(ctx context.Context) error {
 		return fmt.Errorf("flush: %w", err)
 	}
 	e.FlushMS = ms(time.Since(t0))
-	if _, err := r.snapshot(dir); err != nil {
+	if _, err := r.checkpointTo(dir); err != nil {
 		return err
 	}
 	e.SnapshotMS = ms(time.Since(t0))
