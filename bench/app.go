@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"ckpt/client"
+
+	"github.com/cockroachdb/pebble/v2"
 )
 
 // appThroughput runs the workload in phases off, on, on, off (twice) of equal
@@ -27,7 +31,7 @@ func (r *run) appThroughput(ctx context.Context) error {
 	if err := r.ensureStore(ctx); err != nil {
 		return err
 	}
-	fig, err := r.appRun(ctx, "app", r.storageURL(), nil)
+	fig, err := r.appRun(ctx, "app", r.storageURL(), nil, 0)
 	if err != nil {
 		return err
 	}
@@ -41,25 +45,57 @@ func (r *run) appThroughput(ctx context.Context) error {
 	// every new file, writing it out); only the storage server's CPU and
 	// disk writes, which a storage server on the app's node adds and a
 	// remote one does not, are gone.
-	dir, why := tmpfsDir(r.o.StateBytes * 6)
-	if why != "" {
+	shipped := fig.ShippedMBPerS
+	if dir, why := tmpfsDir(r.o.StateBytes * 6); why != "" {
 		fig.OffNode = &AppThroughput{Reason: why}
-		return nil
-	}
-	dir, err = os.MkdirTemp(dir, "ckpt-bench-")
-	if err != nil {
+	} else if dir, err = os.MkdirTemp(dir, "ckpt-bench-"); err != nil {
 		fig.OffNode = &AppThroughput{Reason: err.Error()}
-		return nil
+	} else {
+		defer os.RemoveAll(dir)
+		off, err := r.appRun(ctx, "app-offnode", "file://"+dir, []string{}, 0)
+		if err != nil {
+			return fmt.Errorf("app throughput, storage off the node: %w", err)
+		}
+		off.Storage = "file store on tmpfs (" + dir + "), standing for storage on other machines"
+		fig.OffNode = off
+		shipped = off.ShippedMBPerS
+		r.logf("app throughput, storage off the node: %.0f writes/s with checkpoints, %.0f without", off.WithWritesPerS, off.WithoutWritesPerS)
 	}
-	defer os.RemoveAll(dir)
-	off, err := r.appRun(ctx, "app-offnode", "file://"+dir, []string{})
+
+	// Two controls with no agent, the app taking Pebble's checkpoint every
+	// interval as above. The first is what the app's own snapshots cost,
+	// whoever ships them. The second adds, in the phases with checkpoints,
+	// a process at the agent's priority hashing as many bytes a second as
+	// the agent shipped: the least CPU an agent storing content-addressed
+	// objects spends (no reading, no writing), so its ratio is the most any
+	// such agent could leave on this machine.
+	own, err := r.appRun(ctx, "app-own", "", nil, 0)
 	if err != nil {
-		return fmt.Errorf("app throughput, storage off the node: %w", err)
+		return fmt.Errorf("app throughput, Pebble's checkpoints alone: %w", err)
 	}
-	off.Storage = "file store on tmpfs (" + dir + "), standing for storage on other machines"
-	fig.OffNode = off
-	r.logf("app throughput, storage off the node: %.0f writes/s with checkpoints, %.0f without", off.WithWritesPerS, off.WithoutWritesPerS)
+	fig.OwnCheckpoints = own
+	r.logf("app throughput, Pebble's checkpoints alone: %.0f writes/s with checkpoints, %.0f without", own.WithWritesPerS, own.WithoutWritesPerS)
+	if shipped > 0 {
+		hashed, err := r.appRun(ctx, "app-hashed", "", nil, int64(shipped*1e6))
+		if err != nil {
+			return fmt.Errorf("app throughput, Pebble's checkpoints and hashing: %w", err)
+		}
+		fig.OwnCheckpointsHashing = hashed
+		r.logf("app throughput, Pebble's checkpoints and hashing %.0f MB/s: %.0f writes/s with checkpoints, %.0f without", shipped, hashed.WithWritesPerS, hashed.WithoutWritesPerS)
+	}
 	return nil
+}
+
+// startHashLoad starts `ckpt bench --hash-load` at the given nice value
+// (the agent's) and returns its pid and a func that stops it.
+func (r *run) startHashLoad(bytesPerS int64, nice int) (int, func(), error) {
+	cmd := exec.Command(r.o.AgentExe, "bench", "--hash-load", strconv.FormatInt(bytesPerS, 10))
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return 0, nil, fmt.Errorf("start %s bench --hash-load: %w", r.o.AgentExe, err)
+	}
+	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
+	return cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }, nil
 }
 
 // tmpfsDir returns a tmpfs directory with at least need bytes free, or why
@@ -85,7 +121,7 @@ func tmpfsDir(need int64) (string, string) {
 // appRun measures the app's write rate without and with checkpoints to an
 // agent on storage url (env: the agent's extra environment, nil for the
 // bench's target's).
-func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppThroughput, error) {
+func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLoad int64) (*AppThroughput, error) {
 	// Phases of 5 s vary by up to 20% from one to the next on a 2-core
 	// machine (compactions come in bursts), with or without checkpoints:
 	// full-size runs measure 10 s phases.
@@ -107,24 +143,54 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 	// weight from its CPU request). Uploads then take spare CPU, not the
 	// app's.
 	const nice = 10
-	sc, err := r.sidecarOn(ctx, name, nice, url, env)
-	if err != nil {
-		return nil, err
-	}
-	defer sc.stop()
-	fig.Agent = fmt.Sprintf("separate ckpt agent process at nice %d", nice)
-	storagePID := 0
-	if env == nil {
-		storagePID = r.tgt.pid
-	}
-	// Its first checkpoint uploads the whole state; it is taken (and
-	// waited for) before the measured phases, which see increments only.
-	first, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, 1)
-	if err != nil {
-		return nil, fmt.Errorf("first checkpoint: %w", err)
-	}
-	if _, err := first.Wait(ctx); err != nil {
-		return nil, fmt.Errorf("first checkpoint: %w", err)
+	// take takes checkpoint n: handed to the agent, or, with no agent (url
+	// ""), Pebble's checkpoint alone, removed at once (pend nil): what the
+	// app's own snapshots cost, whoever ships them.
+	var take func(n uint64) (*client.Pending, error)
+	var removing sync.WaitGroup
+	defer removing.Wait()
+	agentPID, storagePID := 0, 0
+	if url == "" {
+		fig.Agent = "none: Pebble's checkpoint every interval, removed at once"
+		if hashLoad > 0 {
+			fig.Agent += fmt.Sprintf("; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(hashLoad)/1e6)
+			fig.HashLoadBytesPerS = hashLoad
+		}
+		take = func(n uint64) (*client.Pending, error) {
+			dir := filepath.Join(r.root, fmt.Sprintf("%s-%d", name, n))
+			if err := r.w.DB().Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+				return nil, fmt.Errorf("pebble checkpoint %d: %w", n, err)
+			}
+			// Removed in the background, as the agent removes the copy a
+			// newer checkpoint replaces: the next one does not wait for it.
+			removing.Add(1)
+			go func() { defer removing.Done(); os.RemoveAll(dir) }()
+			return nil, nil
+		}
+	} else {
+		sc, err := r.sidecarOn(ctx, name, nice, url, env)
+		if err != nil {
+			return nil, err
+		}
+		defer sc.stop()
+		fig.Agent = fmt.Sprintf("separate ckpt agent process at nice %d", nice)
+		agentPID = sc.pid
+		if env == nil {
+			storagePID = r.tgt.pid
+		}
+		take = func(n uint64) (*client.Pending, error) {
+			return sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, n)
+		}
+		// Its first checkpoint uploads the whole state; it is taken (and
+		// waited for) before the measured phases, which see increments
+		// only.
+		first, err := take(1)
+		if err != nil {
+			return nil, fmt.Errorf("first checkpoint: %w", err)
+		}
+		if _, err := first.Wait(ctx); err != nil {
+			return nil, fmt.Errorf("first checkpoint: %w", err)
+		}
 	}
 	next := uint64(2)
 	var pauses, snaps []float64
@@ -153,11 +219,14 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 			n := next
 			next++
 			t0 := time.Now()
-			pend, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, n)
+			pend, err := take(n)
 			mu.Lock()
 			pauses = append(pauses, ms(time.Since(t0)))
-			if pend != nil {
+			switch {
+			case pend != nil:
 				snaps = append(snaps, ms(time.Since(t0))-float64(pend.Synced.SyncMS))
+			case err == nil:
+				snaps = append(snaps, ms(time.Since(t0)))
 			}
 			mu.Unlock()
 			var ae *client.Error
@@ -173,6 +242,9 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 			mu.Lock()
 			fig.Checkpoints++
 			mu.Unlock()
+			if pend == nil {
+				continue
+			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -196,14 +268,14 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 	prev := ""
 	for _, p := range fig.Phases {
 		on := p == "on"
-		if on && prev != "on" {
+		if on && prev != "on" && url != "" {
 			// The writes of the phase without checkpoints are shipped first,
 			// untimed: an app that checkpoints every interval never carries
 			// more than one interval of changes into a checkpoint. The app
 			// goes on writing meanwhile (uncounted): idle, it would hand
 			// Pebble's compactions a pause that only the phases with
 			// checkpoints get.
-			catchUp, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, next)
+			catchUp, err := take(next)
 			if err != nil {
 				return nil, fmt.Errorf("checkpoint %d: %w", next, err)
 			}
@@ -224,7 +296,15 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		if on {
 			go func() { ckptErr <- checkpoints(stop) }()
 		}
-		cpu0 := cpuNow(sc.pid, storagePID)
+		var stopLoad func()
+		if on && hashLoad > 0 {
+			pid, stop, err := r.startHashLoad(hashLoad, nice)
+			if err != nil {
+				return nil, err
+			}
+			agentPID, stopLoad = pid, stop
+		}
+		cpu0 := cpuNow(agentPID, storagePID)
 		_, stall0 := r.w.Stalls()
 		lsm0 := r.w.LSM()
 		shipped.Store(0)
@@ -257,7 +337,11 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 			fig.UploadLagMS = append(fig.UploadLagMS, ms(time.Since(tail)))
 		}
 		d := time.Since(start)
-		used := cpuNow(sc.pid, storagePID).sub(cpu0)
+		used := cpuNow(agentPID, storagePID).sub(cpu0)
+		if stopLoad != nil {
+			stopLoad()
+			agentPID = 0
+		}
 		_, stall1 := r.w.Stalls()
 		lsm1 := r.w.LSM()
 		fig.PhaseStallMS = append(fig.PhaseStallMS, ms(stall1-stall0))
@@ -290,6 +374,9 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string) (*AppT
 		fig.Ratio = round(fig.WithWritesPerS/fig.WithoutWritesPerS, 5)
 	}
 	fig.OnCores, fig.OffCores = cpuOn.cores(durOn), cpuOff.cores(durOff)
+	if durOn > 0 {
+		fig.ShippedMBPerS = round(float64(shippedOn)/1e6/durOn.Seconds(), 4)
+	}
 	if shippedOn > 0 && cpuOn.agent > 0 {
 		fig.AgentCPUSecondsPerGB = round(cpuOn.agent.Seconds()/(float64(shippedOn)/1e9), 4)
 	}

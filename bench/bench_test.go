@@ -99,6 +99,23 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 			}
 		}
 	}
+	// The controls with no agent: checkpoints taken, nothing shipped, and
+	// the hashing process (the agent's stand-in) busy only in the phases
+	// with checkpoints.
+	at := rep.AppThroughput
+	for _, c := range []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing} {
+		if c == nil || c.Checkpoints == 0 || c.ShippedMBPerS != 0 || len(c.PhaseCores) != len(c.Phases) {
+			t.Fatalf("app throughput control: %+v", c)
+		}
+		for i, p := range c.Phases {
+			if p != "on" && c.PhaseCores[i].Agent != 0 {
+				t.Errorf("app throughput control (%s): phase %d (%s) has another process using %g cores", c.Agent, i, p, c.PhaseCores[i].Agent)
+			}
+		}
+	}
+	if h := at.OwnCheckpointsHashing; h.HashLoadBytesPerS <= 0 || !strings.Contains(h.Agent, "hashing") {
+		t.Errorf("hashing control: %+v", h)
+	}
 	if e := rep.EndToEnd; e == nil || e.CkptMS <= 0 || len(e.Peers) != 2 || !e.Scaled {
 		t.Errorf("end to end: %+v", e)
 	}
@@ -158,5 +175,18 @@ func TestBadOptionsAreRefusedBeforeAnythingRuns(t *testing.T) {
 				t.Fatalf("a refused run left %d entries in its directory", len(ents))
 			}
 		})
+	}
+}
+
+func TestHashLoadRefusesANonPositiveRateAndStopsWithItsContext(t *testing.T) {
+	if err := HashLoad(context.Background(), 0); err == nil {
+		t.Error("HashLoad(0): no error")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- HashLoad(ctx, 1<<20) }()
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("HashLoad after cancel: %v", err)
 	}
 }

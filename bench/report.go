@@ -155,6 +155,20 @@ type AppThroughput struct {
 	// cores (a file store on tmpfs); Reason says why it was not measured.
 	OffNode *AppThroughput `json:"off_node,omitempty"`
 	Reason  string         `json:"reason,omitempty"`
+	// OwnCheckpoints is the same run with no agent: the app takes Pebble's
+	// checkpoint every interval and removes it at once. Its ratio is what
+	// the app's own snapshots cost, whoever ships them.
+	OwnCheckpoints *AppThroughput `json:"own_checkpoints,omitempty"`
+	// OwnCheckpointsHashing adds to it, in the phases with checkpoints, a
+	// process at the agent's priority hashing HashLoadBytesPerS with
+	// SHA-256: the bytes per second the agent shipped (storage off the
+	// node), hashed and nothing else. Its ratio is the most an agent that
+	// stores content-addressed objects could leave on this machine.
+	OwnCheckpointsHashing *AppThroughput `json:"own_checkpoints_hashing,omitempty"`
+	HashLoadBytesPerS     int64          `json:"hash_load_bytes_per_s,omitempty"`
+	// ShippedMBPerS is what the agent wrote to storage per second over the
+	// phases with checkpoints.
+	ShippedMBPerS float64 `json:"shipped_mb_per_s"`
 	// PauseP50MS and PauseMaxMS are what the app's checkpoint goroutine
 	// waited per checkpoint (Pebble checkpoint, request to synced);
 	// SnapshotP50MS the Pebble checkpoint alone.
@@ -388,6 +402,12 @@ func (r *Report) finish() {
 			note = fmt.Sprintf("a checkpoint every %s; storage off the app's disk and cores (file store on tmpfs), as in production: the agent used %.2f cores of %d, %.2f CPU-s per GB shipped", msDuration(off.IntervalMS), off.OnCores.Agent, off.Cores, off.AgentCPUSecondsPerGB)
 		}
 	}
+	if at != nil && at.OwnCheckpoints != nil {
+		note += fmt.Sprintf("; with no agent, Pebble's checkpoints alone leave %.3f", at.OwnCheckpoints.Ratio)
+		if h := at.OwnCheckpointsHashing; h != nil {
+			note += fmt.Sprintf(", and with a process hashing the %.0f MB/s the agent shipped, %.3f: the most an agent hashing its objects could leave here", float64(h.HashLoadBytesPerS)/1e6, h.Ratio)
+		}
+	}
 	add("app throughput with checkpoints / without (storage off the node)", off != nil, val(off, func(a *AppThroughput) float64 { return a.Ratio }), "x", ">=", 0.95, false, note)
 	m := r.Memory
 	note = ""
@@ -496,6 +516,14 @@ func (r *Report) Print(w io.Writer) error {
 		fmt.Fprintf(w, "\nApp throughput, storage %s: %.0f writes/s with a checkpoint every %.0f ms (%d taken; app waited p50 %.1f ms of which flush+snapshot %.1f ms), %.0f without (phases %v: %.0f); cores with checkpoints: app %.2f, agent %.2f (%.2f CPU-s per GB shipped), storage server %.2f; uploads done %v ms after each phase; ratio per off-on-on-off block %v; MB/s written by Pebble %v, shipped %v\n",
 			a.Storage, a.WithWritesPerS, a.IntervalMS, a.Checkpoints, a.PauseP50MS, a.SnapshotP50MS, a.WithoutWritesPerS, a.Phases, a.PhaseWritesPerS,
 			a.OnCores.App, a.OnCores.Agent, a.AgentCPUSecondsPerGB, a.OnCores.Storage, a.UploadLagMS, a.BlockRatios, a.PhaseLSMWrittenMBPerS, a.PhaseShippedMBPerS)
+	}
+	if at := r.AppThroughput; at != nil {
+		for _, c := range []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing} {
+			if c != nil {
+				fmt.Fprintf(w, "App throughput, no agent (%s): ratio %.3f (%.0f writes/s with checkpoints, %.0f without; per block %v); cores with checkpoints: app %.2f, other process %.2f\n",
+					c.Agent, c.Ratio, c.WithWritesPerS, c.WithoutWritesPerS, c.BlockRatios, c.OnCores.App, c.OnCores.Agent)
+			}
+		}
 	}
 	for _, p := range r.Pause {
 		fmt.Fprintf(w, "App pause at %d files, %s: p50 %.2f ms, p99 %.2f ms, max %.2f ms (%d samples)\n", p.Files, p.Mode, p.P50MS, p.P99MS, p.MaxMS, p.Samples)

@@ -28,8 +28,16 @@ func runBench(ctx context.Context, args []string) error {
 	dir := fs.String("dir", "", "scratch directory, kept afterwards (default: a temporary one, removed)")
 	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with SHA-256 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *hashLoad != "" {
+		rate, err := parseBytes(*hashLoad)
+		if err != nil {
+			return usageError{fmt.Errorf("--hash-load: %v", err)}
+		}
+		return bench.HashLoad(ctx, rate)
 	}
 	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir, AgentMetricsAddr: *agentMetrics, Log: os.Stderr}
 	if *quiet {
