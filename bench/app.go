@@ -151,7 +151,7 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 	defer removing.Wait()
 	agentPID, storagePID := 0, 0
 	if url == "" {
-		fig.Agent = "none: Pebble's checkpoint every interval, removed at once"
+		fig.Agent = "no agent: Pebble's checkpoint every interval, removed at once"
 		if hashLoad > 0 {
 			fig.Agent += fmt.Sprintf("; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(hashLoad)/1e6)
 			fig.HashLoadBytesPerS = hashLoad

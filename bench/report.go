@@ -520,7 +520,7 @@ func (r *Report) Print(w io.Writer) error {
 	if at := r.AppThroughput; at != nil {
 		for _, c := range []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing} {
 			if c != nil {
-				fmt.Fprintf(w, "App throughput, no agent (%s): ratio %.3f (%.0f writes/s with checkpoints, %.0f without; per block %v); cores with checkpoints: app %.2f, other process %.2f\n",
+				fmt.Fprintf(w, "App throughput, control (%s): ratio %.3f (%.0f writes/s with checkpoints, %.0f without; per block %v); cores with checkpoints: app %.2f, other process %.2f\n",
 					c.Agent, c.Ratio, c.WithWritesPerS, c.WithoutWritesPerS, c.BlockRatios, c.OnCores.App, c.OnCores.Agent)
 			}
 		}
