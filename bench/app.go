@@ -120,7 +120,10 @@ func tmpfsDir(need int64) (string, string) {
 
 // appRun measures the app's write rate without and with checkpoints to an
 // agent on storage url (env: the agent's extra environment, nil for the
-// bench's target's).
+// bench's target's). With url "" there is no agent: the app's Pebble
+// checkpoints are taken and removed, and, if hashLoad > 0, a process at the
+// agent's priority hashes hashLoad bytes a second in the phases with
+// checkpoints (its CPU is reported as the agent's).
 func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLoad int64) (*AppThroughput, error) {
 	// Phases of 5 s vary by up to 20% from one to the next on a 2-core
 	// machine (compactions come in bursts), with or without checkpoints:
