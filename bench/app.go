@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -16,8 +15,6 @@ import (
 	"time"
 
 	"ckpt/client"
-
-	"github.com/cockroachdb/pebble/v2"
 )
 
 // appThroughput runs the workload in phases off, on, on, off (twice) of equal
@@ -154,15 +151,15 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 	defer removing.Wait()
 	agentPID, storagePID := 0, 0
 	if url == "" {
-		fig.Agent = "no agent: Pebble's checkpoint every interval, removed at once"
+		fig.Agent = "no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it), removed at once"
 		if hashLoad > 0 {
 			fig.Agent += fmt.Sprintf("; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(hashLoad)/1e6)
 			fig.HashLoadBytesPerS = hashLoad
 		}
 		take = func(n uint64) (*client.Pending, error) {
-			dir := filepath.Join(r.root, fmt.Sprintf("%s-%d", name, n))
-			if err := r.w.DB().Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
-				return nil, fmt.Errorf("pebble checkpoint %d: %w", n, err)
+			dir, err := client.PebbleSnapshot(r.w.DB(), r.w.Dir(), n)
+			if err != nil {
+				return nil, err
 			}
 			// Removed in the background, as the agent removes the copy a
 			// newer checkpoint replaces: the next one does not wait for it.

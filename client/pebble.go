@@ -18,13 +18,25 @@ import (
 // for the Pebble checkpoint and that rename;
 // the upload goes on in the agent, and Pending.Wait returns its outcome.
 func (c *Client) CheckpointPebble(ctx context.Context, db *pebble.DB, dbDir, task string, n uint64) (*Pending, error) {
-	dir := filepath.Join(filepath.Dir(filepath.Clean(dbDir)), fmt.Sprintf(".%s.ckpt-%d", filepath.Base(dbDir), n))
-	if err := os.RemoveAll(dir); err != nil { // left by a crash of an earlier attempt
-		return nil, fmt.Errorf("pebble checkpoint dir: %w", err)
-	}
-	if err := db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
-		return nil, fmt.Errorf("pebble checkpoint %d: %w", n, err)
+	dir, err := PebbleSnapshot(db, dbDir, n)
+	if err != nil {
+		return nil, err
 	}
 	defer os.RemoveAll(dir) // gone already when handed off; removed here when refused
 	return c.Send(ctx, Request{Task: task, Checkpoint: n, Dir: dir, Engine: "pebble", Handoff: true})
+}
+
+// PebbleSnapshot makes the Pebble checkpoint CheckpointPebble hands off:
+// one with a flushed WAL, in a fresh directory next to the store (dbDir),
+// named for checkpoint n; a directory of that name left by a crash is
+// removed first. It returns the directory, which the caller owns.
+func PebbleSnapshot(db *pebble.DB, dbDir string, n uint64) (string, error) {
+	dir := filepath.Join(filepath.Dir(filepath.Clean(dbDir)), fmt.Sprintf(".%s.ckpt-%d", filepath.Base(dbDir), n))
+	if err := os.RemoveAll(dir); err != nil { // left by a crash of an earlier attempt
+		return "", fmt.Errorf("pebble checkpoint dir: %w", err)
+	}
+	if err := db.Checkpoint(dir, pebble.WithFlushedWAL()); err != nil {
+		return "", fmt.Errorf("pebble checkpoint %d: %w", n, err)
+	}
+	return dir, nil
 }
