@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -28,7 +29,7 @@ func (r *run) appThroughput(ctx context.Context) error {
 	if err := r.ensureStore(ctx); err != nil {
 		return err
 	}
-	fig, err := r.appRun(ctx, "app", r.storageURL(), nil, 0)
+	fig, err := r.appRun(ctx, "app", appMode{url: r.storageURL()})
 	if err != nil {
 		return err
 	}
@@ -43,42 +44,60 @@ func (r *run) appThroughput(ctx context.Context) error {
 	// disk writes, which a storage server on the app's node adds and a
 	// remote one does not, are gone.
 	shipped := fig.ShippedMBPerS
-	if dir, why := tmpfsDir(r.o.StateBytes * 6); why != "" {
+	tmp, why := tmpfsDir(r.o.StateBytes * 6)
+	if why == "" {
+		if tmp, err = os.MkdirTemp(tmp, "ckpt-bench-"); err != nil {
+			why = err.Error()
+		} else {
+			defer os.RemoveAll(tmp)
+		}
+	}
+	if why != "" {
 		fig.OffNode = &AppThroughput{Reason: why}
-	} else if dir, err = os.MkdirTemp(dir, "ckpt-bench-"); err != nil {
-		fig.OffNode = &AppThroughput{Reason: err.Error()}
 	} else {
-		defer os.RemoveAll(dir)
-		off, err := r.appRun(ctx, "app-offnode", "file://"+dir, []string{}, 0)
+		dir := filepath.Join(tmp, "store")
+		off, err := r.appRun(ctx, "app-offnode", appMode{url: "file://" + dir, env: []string{}})
 		if err != nil {
 			return fmt.Errorf("app throughput, storage off the node: %w", err)
 		}
+		// tmpfs is memory: the next runs get it back.
+		os.RemoveAll(dir)
 		off.Storage = "file store on tmpfs (" + dir + "), standing for storage on other machines"
 		fig.OffNode = off
 		shipped = off.ShippedMBPerS
 		r.logf("app throughput, storage off the node: %.0f writes/s with checkpoints, %.0f without", off.WithWritesPerS, off.WithoutWritesPerS)
 	}
 
-	// Two controls with no agent, the app taking Pebble's checkpoint every
+	// Controls with no agent, the app taking Pebble's checkpoint every
 	// interval as above. The first is what the app's own snapshots cost,
 	// whoever ships them. The second adds, in the phases with checkpoints,
 	// a process at the agent's priority hashing as many bytes a second as
 	// the agent shipped: the least CPU an agent storing content-addressed
-	// objects spends (no reading, no writing), so its ratio is the most any
-	// such agent could leave on this machine.
-	own, err := r.appRun(ctx, "app-own", "", nil, 0)
+	// objects spends (no reading, no writing). The third ships each
+	// checkpoint's new files to the same tmpfs as the agent off the node,
+	// read once and written once, and does nothing else: the least work any
+	// agent shipping those files there does.
+	own, err := r.appRun(ctx, "app-own", appMode{})
 	if err != nil {
 		return fmt.Errorf("app throughput, Pebble's checkpoints alone: %w", err)
 	}
 	fig.OwnCheckpoints = own
 	r.logf("app throughput, Pebble's checkpoints alone: %.0f writes/s with checkpoints, %.0f without", own.WithWritesPerS, own.WithoutWritesPerS)
 	if shipped > 0 {
-		hashed, err := r.appRun(ctx, "app-hashed", "", nil, int64(shipped*1e6))
+		hashed, err := r.appRun(ctx, "app-hashed", appMode{hashLoad: int64(shipped * 1e6)})
 		if err != nil {
 			return fmt.Errorf("app throughput, Pebble's checkpoints and hashing: %w", err)
 		}
 		fig.OwnCheckpointsHashing = hashed
 		r.logf("app throughput, Pebble's checkpoints and hashing %.0f MB/s: %.0f writes/s with checkpoints, %.0f without", shipped, hashed.WithWritesPerS, hashed.WithoutWritesPerS)
+	}
+	if why == "" {
+		copied, err := r.appRun(ctx, "app-copied", appMode{copyDir: filepath.Join(tmp, "copies")})
+		if err != nil {
+			return fmt.Errorf("app throughput, Pebble's checkpoints copied: %w", err)
+		}
+		fig.OwnCheckpointsCopying = copied
+		r.logf("app throughput, Pebble's checkpoints copied to tmpfs (%.0f MB/s): %.0f writes/s with checkpoints, %.0f without", copied.ShippedMBPerS, copied.WithWritesPerS, copied.WithoutWritesPerS)
 	}
 	return nil
 }
@@ -115,13 +134,35 @@ func tmpfsDir(need int64) (string, string) {
 	return "", "no writable tmpfs (/dev/shm) on this machine"
 }
 
-// appRun measures the app's write rate without and with checkpoints to an
-// agent on storage url (env: the agent's extra environment, nil for the
-// bench's target's). With url "" there is no agent: the app's Pebble
-// checkpoints are taken and removed, and, if hashLoad > 0, a process at the
-// agent's priority hashes hashLoad bytes a second in the phases with
-// checkpoints (its CPU is reported as the agent's).
-func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLoad int64) (*AppThroughput, error) {
+// appMode is what ships the app's checkpoints in an appRun.
+type appMode struct {
+	// url is the storage of an agent the checkpoints go to; "" runs no
+	// agent: the app takes Pebble's checkpoints, and they are removed, or
+	// shipped by a control below.
+	url string
+	// env is the agent's extra environment (nil: the bench target's).
+	env []string
+	// hashLoad > 0 runs, in the phases with checkpoints, a process at the
+	// agent's priority that hashes hashLoad bytes a second (HashLoad); its
+	// CPU is reported as the agent's.
+	hashLoad int64
+	// copyDir, if not "", hands each checkpoint to a process at the
+	// agent's priority that copies its new files there (CopyLoad); its CPU
+	// and bytes are reported as the agent's.
+	copyDir string
+}
+
+// taken is a checkpoint the app took. syncMS is the agent's sync phase
+// (0: no agent); wait, nil if nothing ships the checkpoint, blocks until it
+// is shipped and returns the bytes written.
+type taken struct {
+	syncMS float64
+	wait   func(context.Context) (int64, error)
+}
+
+// appRun measures the app's write rate without and with checkpoints,
+// shipped as m says.
+func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughput, error) {
 	// Phases of 5 s vary by up to 20% from one to the next on a 2-core
 	// machine (compactions come in bursts), with or without checkpoints:
 	// full-size runs measure 10 s phases.
@@ -143,20 +184,45 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 	// weight from its CPU request). Uploads then take spare CPU, not the
 	// app's.
 	const nice = 10
-	// take takes checkpoint n: handed to the agent, or, with no agent (url
-	// ""), Pebble's checkpoint alone, removed at once (pend nil): what the
-	// app's own snapshots cost, whoever ships them.
-	var take func(n uint64) (*client.Pending, error)
+	// take takes checkpoint n and hands it to whatever ships it.
+	var take func(n uint64) (*taken, error)
 	var removing sync.WaitGroup
 	defer removing.Wait()
 	agentPID, storagePID := 0, 0
-	if url == "" {
-		fig.Agent = "no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it), removed at once"
-		if hashLoad > 0 {
-			fig.Agent += fmt.Sprintf("; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(hashLoad)/1e6)
-			fig.HashLoadBytesPerS = hashLoad
+	switch {
+	case m.url == "" && m.copyDir != "":
+		cp, err := startCopyLoad(r.o.AgentExe, m.copyDir, nice)
+		if err != nil {
+			return nil, err
 		}
-		take = func(n uint64) (*client.Pending, error) {
+		defer cp.stop()
+		agentPID = cp.pid
+		fig.Agent = fmt.Sprintf("no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it), and a process at nice %d copying its new files to %s (ckpt bench --copy-load), then removing the checkpoint before it", nice, m.copyDir)
+		take = func(n uint64) (*taken, error) {
+			dir, err := client.PebbleSnapshot(r.w.DB(), r.w.Dir(), n)
+			if err != nil {
+				return nil, err
+			}
+			ack, err := cp.send(dir)
+			if err != nil {
+				return nil, err
+			}
+			return &taken{wait: func(ctx context.Context) (int64, error) {
+				select {
+				case a := <-ack:
+					return a.bytes, a.err
+				case <-ctx.Done():
+					return 0, ctx.Err()
+				}
+			}}, nil
+		}
+	case m.url == "":
+		fig.Agent = "no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it), removed at once"
+		if m.hashLoad > 0 {
+			fig.Agent += fmt.Sprintf("; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(m.hashLoad)/1e6)
+			fig.HashLoadBytesPerS = m.hashLoad
+		}
+		take = func(n uint64) (*taken, error) {
 			dir, err := client.PebbleSnapshot(r.w.DB(), r.w.Dir(), n)
 			if err != nil {
 				return nil, err
@@ -165,30 +231,42 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 			// newer checkpoint replaces: the next one does not wait for it.
 			removing.Add(1)
 			go func() { defer removing.Done(); os.RemoveAll(dir) }()
-			return nil, nil
+			return &taken{}, nil
 		}
-	} else {
-		sc, err := r.sidecarOn(ctx, name, nice, url, env)
+	default:
+		sc, err := r.sidecarOn(ctx, name, nice, m.url, m.env)
 		if err != nil {
 			return nil, err
 		}
 		defer sc.stop()
 		fig.Agent = fmt.Sprintf("separate ckpt agent process at nice %d", nice)
 		agentPID = sc.pid
-		if env == nil {
+		if m.env == nil {
 			storagePID = r.tgt.pid
 		}
-		take = func(n uint64) (*client.Pending, error) {
-			return sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, n)
+		take = func(n uint64) (*taken, error) {
+			pend, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, n)
+			if err != nil {
+				return nil, err
+			}
+			return &taken{syncMS: float64(pend.Synced.SyncMS), wait: func(ctx context.Context) (int64, error) {
+				ev, err := pend.Wait(ctx)
+				if err != nil {
+					return 0, err
+				}
+				return ev.CheckpointSize, nil
+			}}, nil
 		}
-		// Its first checkpoint uploads the whole state; it is taken (and
-		// waited for) before the measured phases, which see increments
-		// only.
-		first, err := take(1)
-		if err != nil {
-			return nil, fmt.Errorf("first checkpoint: %w", err)
-		}
-		if _, err := first.Wait(ctx); err != nil {
+	}
+	// What ships the checkpoints ships the whole state first; that is done
+	// (and waited for) before the measured phases, which see increments
+	// only.
+	first, err := take(1)
+	if err != nil {
+		return nil, fmt.Errorf("first checkpoint: %w", err)
+	}
+	if first.wait != nil {
+		if _, err := first.wait(ctx); err != nil {
 			return nil, fmt.Errorf("first checkpoint: %w", err)
 		}
 	}
@@ -219,14 +297,11 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 			n := next
 			next++
 			t0 := time.Now()
-			pend, err := take(n)
+			tk, err := take(n)
 			mu.Lock()
 			pauses = append(pauses, ms(time.Since(t0)))
-			switch {
-			case pend != nil:
-				snaps = append(snaps, ms(time.Since(t0))-float64(pend.Synced.SyncMS))
-			case err == nil:
-				snaps = append(snaps, ms(time.Since(t0)))
+			if err == nil {
+				snaps = append(snaps, ms(time.Since(t0))-tk.syncMS)
 			}
 			mu.Unlock()
 			var ae *client.Error
@@ -242,20 +317,20 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 			mu.Lock()
 			fig.Checkpoints++
 			mu.Unlock()
-			if pend == nil {
+			if tk.wait == nil {
 				continue
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				ev, err := pend.Wait(ctx)
+				n, err := tk.wait(ctx)
 				if err != nil {
 					mu.Lock()
 					failed = err
 					mu.Unlock()
 					return
 				}
-				shipped.Add(ev.CheckpointSize)
+				shipped.Add(n)
 			}()
 		}
 	}
@@ -268,7 +343,7 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 	prev := ""
 	for _, p := range fig.Phases {
 		on := p == "on"
-		if on && prev != "on" && url != "" {
+		if on && prev != "on" && first.wait != nil {
 			// The writes of the phase without checkpoints are shipped first,
 			// untimed: an app that checkpoints every interval never carries
 			// more than one interval of changes into a checkpoint. The app
@@ -282,7 +357,7 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 			next++
 			var waitErr error
 			caughtUp := make(chan struct{})
-			go func() { _, waitErr = catchUp.Wait(ctx); close(caughtUp) }()
+			go func() { _, waitErr = catchUp.wait(ctx); close(caughtUp) }()
 			if _, err := r.writeUntil(ctx, caughtUp); err != nil {
 				return nil, err
 			}
@@ -297,8 +372,8 @@ func (r *run) appRun(ctx context.Context, name, url string, env []string, hashLo
 			go func() { ckptErr <- checkpoints(stop) }()
 		}
 		var stopLoad func()
-		if on && hashLoad > 0 {
-			pid, stop, err := r.startHashLoad(hashLoad, nice)
+		if on && m.hashLoad > 0 {
+			pid, stop, err := r.startHashLoad(m.hashLoad, nice)
 			if err != nil {
 				return nil, err
 			}

@@ -103,12 +103,30 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 	// the hashing process (the agent's stand-in) busy only in the phases
 	// with checkpoints.
 	at := rep.AppThroughput
-	for _, c := range []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing} {
-		if c == nil || c.Checkpoints == 0 || c.ShippedMBPerS != 0 || len(c.PhaseCores) != len(c.Phases) {
+	controls := []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing}
+	if offNode(at) != nil {
+		// The copying control ships to the same tmpfs: bytes in the phases
+		// with checkpoints only, like the agent.
+		c := at.OwnCheckpointsCopying
+		if c == nil || c.ShippedMBPerS <= 0 || len(c.PhaseShippedMBPerS) != len(c.Phases) {
+			t.Fatalf("copying control: %+v", c)
+		}
+		for i, p := range c.Phases {
+			if shipped := c.PhaseShippedMBPerS[i]; (p == "on") != (shipped > 0) {
+				t.Errorf("copying control: phase %d (%s) shipped %g MB/s", i, p, shipped)
+			}
+		}
+		controls = append(controls, c)
+	}
+	for _, c := range controls {
+		copying := c != nil && c == at.OwnCheckpointsCopying
+		if c == nil || c.Checkpoints == 0 || (!copying && c.ShippedMBPerS != 0) || len(c.PhaseCores) != len(c.Phases) {
 			t.Fatalf("app throughput control: %+v", c)
 		}
 		for i, p := range c.Phases {
-			if p != "on" && c.PhaseCores[i].Agent != 0 {
+			// The copying process lives through the phases without
+			// checkpoints, idle: a clock tick may land on its runtime.
+			if p != "on" && !copying && c.PhaseCores[i].Agent != 0 {
 				t.Errorf("app throughput control (%s): phase %d (%s) has another process using %g cores", c.Agent, i, p, c.PhaseCores[i].Agent)
 			}
 		}
@@ -188,5 +206,60 @@ func TestHashLoadRefusesANonPositiveRateAndStopsWithItsContext(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("HashLoad after cancel: %v", err)
+	}
+}
+
+func TestCopyLoadCopiesNewFilesOnceAndRemovesReplacedCheckpoints(t *testing.T) {
+	root := t.TempDir()
+	dst := filepath.Join(root, "dst")
+	write := func(dir, name, data string) {
+		t.Helper()
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c1, c2 := filepath.Join(root, "c1"), filepath.Join(root, "c2")
+	write(c1, "000001.sst", "0123456789")
+	write(c1, "MANIFEST-000001", "abcde")
+	write(c2, "000001.sst", "0123456789") // the same file, linked again
+	write(c2, "000002.sst", "xyz")
+	write(c2, "MANIFEST-000001", "abcdefgh") // grew
+	var out strings.Builder
+	if err := CopyLoad(context.Background(), dst, strings.NewReader(c1+"\n"+c2+"\n"), &out); err != nil {
+		t.Fatal(err)
+	}
+	if want := "15 " + c1 + "\n11 " + c2 + "\n"; out.String() != want {
+		t.Errorf("answers %q, want %q", out.String(), want)
+	}
+	for name, want := range map[string]string{"000001.sst": "0123456789", "000002.sst": "xyz", "MANIFEST-000001": "abcdefgh"} {
+		if b, err := os.ReadFile(filepath.Join(dst, name)); err != nil || string(b) != want {
+			t.Errorf("%s: %q, %v; want %q", name, b, err, want)
+		}
+	}
+	for _, d := range []string{c1, c2} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("%s: still there after the run (%v)", d, err)
+		}
+	}
+}
+
+func TestCopyLoadRefusesBadInputAndNamesIt(t *testing.T) {
+	root := t.TempDir()
+	for _, tc := range []struct{ dst, in, want string }{
+		{"rel/dst", "", "want an absolute path"},
+		{filepath.Join(root, "dst"), "relative/dir\n", `"relative/dir": want an absolute path`},
+		{filepath.Join(root, "dst"), filepath.Join(root, "missing") + "\n", filepath.Join(root, "missing")},
+	} {
+		var out strings.Builder
+		err := CopyLoad(context.Background(), tc.dst, strings.NewReader(tc.in), &out)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("CopyLoad(%q, %q): %v, want an error naming %q", tc.dst, tc.in, err, tc.want)
+		}
+		if out.Len() != 0 {
+			t.Errorf("CopyLoad(%q, %q) answered %q", tc.dst, tc.in, out.String())
+		}
 	}
 }

@@ -166,6 +166,13 @@ type AppThroughput struct {
 	// stores content-addressed objects could leave on this machine.
 	OwnCheckpointsHashing *AppThroughput `json:"own_checkpoints_hashing,omitempty"`
 	HashLoadBytesPerS     int64          `json:"hash_load_bytes_per_s,omitempty"`
+	// OwnCheckpointsCopying ships the app's checkpoints with no agent: a
+	// process at the agent's priority copies each checkpoint's new files
+	// (by name and size) to tmpfs, where the agent off the node stores its
+	// objects, reading and writing each byte once and doing nothing else
+	// (CopyLoad). Its ratio is the most an agent shipping those files
+	// there could leave on this machine.
+	OwnCheckpointsCopying *AppThroughput `json:"own_checkpoints_copying,omitempty"`
 	// ShippedMBPerS is what the agent wrote to storage per second over the
 	// phases with checkpoints.
 	ShippedMBPerS float64 `json:"shipped_mb_per_s"`
@@ -407,6 +414,9 @@ func (r *Report) finish() {
 		if h := at.OwnCheckpointsHashing; h != nil {
 			note += fmt.Sprintf(", and with a process hashing the %.0f MB/s the agent shipped, %.3f: the most an agent hashing its objects could leave here", float64(h.HashLoadBytesPerS)/1e6, h.Ratio)
 		}
+		if c := at.OwnCheckpointsCopying; c != nil {
+			note += fmt.Sprintf("; with a process copying each checkpoint's new files to the same tmpfs (%.0f MB/s), nothing else, %.3f: the most an agent shipping them there could leave here", c.ShippedMBPerS, c.Ratio)
+		}
 	}
 	add("app throughput with checkpoints / without (storage off the node)", off != nil, val(off, func(a *AppThroughput) float64 { return a.Ratio }), "x", ">=", 0.95, false, note)
 	m := r.Memory
@@ -518,10 +528,14 @@ func (r *Report) Print(w io.Writer) error {
 			a.OnCores.App, a.OnCores.Agent, a.AgentCPUSecondsPerGB, a.OnCores.Storage, a.UploadLagMS, a.BlockRatios, a.PhaseLSMWrittenMBPerS, a.PhaseShippedMBPerS)
 	}
 	if at := r.AppThroughput; at != nil {
-		for _, c := range []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing} {
+		for _, c := range []*AppThroughput{at.OwnCheckpoints, at.OwnCheckpointsHashing, at.OwnCheckpointsCopying} {
 			if c != nil {
-				fmt.Fprintf(w, "App throughput, control (%s): ratio %.3f (%.0f writes/s with checkpoints, %.0f without; per block %v); cores with checkpoints: app %.2f, other process %.2f\n",
+				fmt.Fprintf(w, "App throughput, control (%s): ratio %.3f (%.0f writes/s with checkpoints, %.0f without; per block %v); cores with checkpoints: app %.2f, other process %.2f",
 					c.Agent, c.Ratio, c.WithWritesPerS, c.WithoutWritesPerS, c.BlockRatios, c.OnCores.App, c.OnCores.Agent)
+				if c.ShippedMBPerS > 0 {
+					fmt.Fprintf(w, "; shipped %.0f MB/s, %.2f CPU-s per GB", c.ShippedMBPerS, c.AgentCPUSecondsPerGB)
+				}
+				fmt.Fprintln(w)
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -29,8 +30,15 @@ func runBench(ctx context.Context, args []string) error {
 	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with SHA-256 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
+	copyLoad := fs.String("copy-load", "", "copy the new files of each checkpoint directory named on stdin into DIR, answer on stdout, and do nothing else: the shipping control the app-throughput section runs beside the app")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *copyLoad != "" {
+		if !filepath.IsAbs(*copyLoad) {
+			return usageError{fmt.Errorf("--copy-load: %q: want an absolute directory", *copyLoad)}
+		}
+		return bench.CopyLoad(ctx, *copyLoad, os.Stdin, os.Stdout)
 	}
 	if *hashLoad != "" {
 		rate, err := parseBytes(*hashLoad)
