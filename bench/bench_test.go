@@ -224,6 +224,7 @@ func TestCopyLoadCopiesNewFilesOnceAndRemovesReplacedCheckpoints(t *testing.T) {
 	c1, c2 := filepath.Join(root, "c1"), filepath.Join(root, "c2")
 	write(c1, "000001.sst", "0123456789")
 	write(c1, "MANIFEST-000001", "abcde")
+	write(c1, "000003.sst", "gone")       // compacted away before c2
 	write(c2, "000001.sst", "0123456789") // the same file, linked again
 	write(c2, "000002.sst", "xyz")
 	write(c2, "MANIFEST-000001", "abcdefgh") // grew
@@ -231,7 +232,7 @@ func TestCopyLoadCopiesNewFilesOnceAndRemovesReplacedCheckpoints(t *testing.T) {
 	if err := CopyLoad(context.Background(), dst, strings.NewReader(c1+"\n"+c2+"\n"), &out); err != nil {
 		t.Fatal(err)
 	}
-	if want := "15 " + c1 + "\n11 " + c2 + "\n"; out.String() != want {
+	if want := "19 " + c1 + "\n11 " + c2 + "\n"; out.String() != want {
 		t.Errorf("answers %q, want %q", out.String(), want)
 	}
 	for name, want := range map[string]string{"000001.sst": "0123456789", "000002.sst": "xyz", "MANIFEST-000001": "abcdefgh"} {
@@ -239,7 +240,7 @@ func TestCopyLoadCopiesNewFilesOnceAndRemovesReplacedCheckpoints(t *testing.T) {
 			t.Errorf("%s: %q, %v; want %q", name, b, err, want)
 		}
 	}
-	for _, d := range []string{c1, c2} {
+	for _, d := range []string{c1, c2, filepath.Join(dst, "000003.sst")} {
 		if _, err := os.Stat(d); !os.IsNotExist(err) {
 			t.Errorf("%s: still there after the run (%v)", d, err)
 		}

@@ -18,9 +18,12 @@ import (
 // process beside the app. For each checkpoint directory named on in (an
 // absolute path a line) it copies into dst the regular files it has not
 // copied before with the same name and size (an engine names each new SST
-// anew; the MANIFEST and the WAL tail grow), removes the directory before
-// it, as an agent removes the local copy a newer checkpoint replaces (the
-// last one goes when in ends), and then writes "BYTES PATH" on out. Every
+// anew; the MANIFEST and the WAL tail grow), deletes the copies of files
+// the directory no longer has (dst holds one checkpoint, not the history
+// of every file the engine wrote: tmpfs is memory), removes the directory
+// before it, as an agent removes the local copy a newer checkpoint
+// replaces (the last one goes when in ends), and then writes "BYTES PATH"
+// on out. Every
 // byte a checkpoint adds is read once and written once, and nothing else is
 // done: no hashing, no listing of storage, no manifest, no record. An agent
 // shipping the same files to the same place does at least this.
@@ -70,13 +73,15 @@ func CopyLoad(ctx context.Context, dst string, in io.Reader, out io.Writer) erro
 }
 
 // copyNew copies the regular files of dir that copied does not hold at
-// their size into dst, records them, and returns the bytes copied.
+// their size into dst, records them, deletes from dst (and copied) what dir
+// does not hold, and returns the bytes copied.
 func copyNew(ctx context.Context, dir, dst string, copied map[string]int64) (int64, error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return 0, err
 	}
 	var total int64
+	keep := map[string]bool{}
 	for _, e := range ents {
 		if err := ctx.Err(); err != nil {
 			return total, err
@@ -84,6 +89,7 @@ func copyNew(ctx context.Context, dir, dst string, copied map[string]int64) (int
 		if !e.Type().IsRegular() {
 			continue
 		}
+		keep[e.Name()] = true
 		fi, err := e.Info()
 		if err != nil {
 			return total, err
@@ -100,6 +106,14 @@ func copyNew(ctx context.Context, dir, dst string, copied map[string]int64) (int
 		}
 		copied[e.Name()] = n
 		total += n
+	}
+	for name := range copied {
+		if !keep[name] {
+			if err := os.Remove(filepath.Join(dst, name)); err != nil {
+				return total, err
+			}
+			delete(copied, name)
+		}
 	}
 	return total, nil
 }
