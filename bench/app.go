@@ -106,12 +106,23 @@ func (r *run) appThroughput(ctx context.Context) error {
 // (the agent's) and returns its pid and a func that stops it.
 func (r *run) startHashLoad(bytesPerS int64, nice int) (int, func(), error) {
 	cmd := exec.Command(r.o.AgentExe, "bench", "--hash-load", strconv.FormatInt(bytesPerS, 10))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startNice(cmd, nice); err != nil {
 		return 0, nil, fmt.Errorf("start %s bench --hash-load: %w", r.o.AgentExe, err)
 	}
-	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
 	return cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }, nil
+}
+
+// startNice starts cmd, killed if the bench dies, at the given nice value
+// (0: the bench's own).
+func startNice(cmd *exec.Cmd, nice int) error {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if nice != 0 {
+		syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
+	}
+	return nil
 }
 
 // tmpfsDir returns a tmpfs directory with at least need bytes free, or why
@@ -190,18 +201,37 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 	defer removing.Wait()
 	agentPID, storagePID := 0, 0
 	switch {
-	case m.url == "" && m.copyDir != "":
-		cp, err := startCopyLoad(r.o.AgentExe, m.copyDir, nice)
-		if err != nil {
-			return nil, err
+	case m.url == "":
+		// No agent: Pebble's checkpoint alone, removed in the background
+		// (as the agent removes the copy a newer checkpoint replaces: the
+		// next one does not wait for it), or handed to the copying control,
+		// which removes it.
+		fig.Agent = "no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it)"
+		var cp *copyLoadProc
+		switch {
+		case m.copyDir != "":
+			var err error
+			if cp, err = startCopyLoad(r.o.AgentExe, m.copyDir, nice); err != nil {
+				return nil, err
+			}
+			defer cp.stop()
+			agentPID = cp.pid
+			fig.Agent += fmt.Sprintf(", and a process at nice %d copying its new files to %s (ckpt bench --copy-load), then removing the checkpoint before it", nice, m.copyDir)
+		case m.hashLoad > 0:
+			fig.Agent += fmt.Sprintf(", removed at once; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(m.hashLoad)/1e6)
+			fig.HashLoadBytesPerS = m.hashLoad
+		default:
+			fig.Agent += ", removed at once"
 		}
-		defer cp.stop()
-		agentPID = cp.pid
-		fig.Agent = fmt.Sprintf("no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it), and a process at nice %d copying its new files to %s (ckpt bench --copy-load), then removing the checkpoint before it", nice, m.copyDir)
 		take = func(n uint64) (*taken, error) {
 			dir, err := client.PebbleSnapshot(r.w.DB(), r.w.Dir(), n)
 			if err != nil {
 				return nil, err
+			}
+			if cp == nil {
+				removing.Add(1)
+				go func() { defer removing.Done(); os.RemoveAll(dir) }()
+				return &taken{}, nil
 			}
 			ack, err := cp.send(dir)
 			if err != nil {
@@ -215,23 +245,6 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 					return 0, ctx.Err()
 				}
 			}}, nil
-		}
-	case m.url == "":
-		fig.Agent = "no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it), removed at once"
-		if m.hashLoad > 0 {
-			fig.Agent += fmt.Sprintf("; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(m.hashLoad)/1e6)
-			fig.HashLoadBytesPerS = m.hashLoad
-		}
-		take = func(n uint64) (*taken, error) {
-			dir, err := client.PebbleSnapshot(r.w.DB(), r.w.Dir(), n)
-			if err != nil {
-				return nil, err
-			}
-			// Removed in the background, as the agent removes the copy a
-			// newer checkpoint replaces: the next one does not wait for it.
-			removing.Add(1)
-			go func() { defer removing.Done(); os.RemoveAll(dir) }()
-			return &taken{}, nil
 		}
 	default:
 		sc, err := r.sidecarOn(ctx, name, nice, m.url, m.env)

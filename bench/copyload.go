@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 )
 
 // CopyLoad is the app-throughput section's shipping control, run as its own
@@ -23,10 +22,10 @@ import (
 // of every file the engine wrote: tmpfs is memory), removes the directory
 // before it, as an agent removes the local copy a newer checkpoint
 // replaces (the last one goes when in ends), and then writes "BYTES PATH"
-// on out. Every
-// byte a checkpoint adds is read once and written once, and nothing else is
-// done: no hashing, no listing of storage, no manifest, no record. An agent
-// shipping the same files to the same place does at least this.
+// on out. Every byte a checkpoint adds is read once and written once, and
+// nothing else is done: no hashing, no listing of storage, no manifest, no
+// record. An agent shipping the same files to the same place does at least
+// this.
 //
 // It stops at the end of in or of ctx, and at the first directory it cannot
 // read or copy (the error names it).
@@ -151,7 +150,6 @@ type copyAck struct {
 // startCopyLoad starts `exe bench --copy-load dst` at the given nice value.
 func startCopyLoad(exe, dst string, nice int) (*copyLoadProc, error) {
 	cmd := exec.Command(exe, "bench", "--copy-load", dst)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
@@ -162,10 +160,9 @@ func startCopyLoad(exe, dst string, nice int) (*copyLoadProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	if err := startNice(cmd, nice); err != nil {
 		return nil, fmt.Errorf("start %s bench --copy-load: %w", exe, err)
 	}
-	syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
 	p := &copyLoadProc{pid: cmd.Process.Pid, stdin: stdin}
 	read := make(chan struct{})
 	go func() {

@@ -178,13 +178,9 @@ func (r *run) sidecarOn(ctx context.Context, name string, nice int, url string, 
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := startNice(cmd, nice); err != nil {
 		logf.Close()
 		return nil, fmt.Errorf("start %s agent: %w", r.o.AgentExe, err)
-	}
-	if nice != 0 {
-		syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, nice)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); logf.Close(); close(exited) }()
