@@ -1,4 +1,4 @@
-module ckpt
+module github.com/ckpt-io/ckpt
 
 go 1.26.0
 

@@ -19,11 +19,11 @@ import (
 	"sync"
 	"time"
 
-	"ckpt/localrecovery"
-	"ckpt/manifests"
-	"ckpt/restore"
-	"ckpt/storage"
-	"ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // Config configures an agent. Zero values take the documented defaults.

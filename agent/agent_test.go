@@ -18,11 +18,11 @@ import (
 
 	"go.uber.org/goleak"
 
-	"ckpt/client"
-	"ckpt/manifests"
-	"ckpt/restore"
-	"ckpt/storage"
-	"ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

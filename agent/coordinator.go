@@ -10,12 +10,12 @@ import (
 	"sync"
 	"time"
 
-	"ckpt/localrecovery"
-	"ckpt/manifests"
-	"ckpt/storage"
-	"ckpt/storage/retry"
-	"ckpt/telemetry"
-	"ckpt/uploader"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/retry"
+	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/uploader"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"

@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"path/filepath"
 
-	"ckpt/manifests"
+	"github.com/ckpt-io/ckpt/manifests"
 )
 
 // ProtocolVersion is the socket protocol this agent speaks.

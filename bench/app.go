@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"time"
 
-	"ckpt/client"
+	"github.com/ckpt-io/ckpt/client"
 )
 
 // appThroughput runs the workload in phases off, on, on, off (twice) of equal

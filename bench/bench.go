@@ -41,13 +41,13 @@ import (
 	"strings"
 	"time"
 
-	"ckpt/agent"
-	"ckpt/client"
-	"ckpt/storage"
-	_ "ckpt/storage/file" // file:// storage
-	_ "ckpt/storage/gs"   // gs:// storage
-	"ckpt/storage/retry"
-	"ckpt/workload"
+	"github.com/ckpt-io/ckpt/agent"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/storage"
+	_ "github.com/ckpt-io/ckpt/storage/file" // file:// storage
+	_ "github.com/ckpt-io/ckpt/storage/gs"   // gs:// storage
+	"github.com/ckpt-io/ckpt/storage/retry"
+	"github.com/ckpt-io/ckpt/workload"
 )
 
 // Options configures a run. Zero values take the documented defaults.

@@ -2,9 +2,9 @@ package bench
 
 import (
 	"bytes"
-	"ckpt/internal/servers"
 	"context"
 	"encoding/json"
+	"github.com/ckpt-io/ckpt/internal/servers"
 	"os"
 	"os/exec"
 	"path/filepath"

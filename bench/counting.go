@@ -5,7 +5,7 @@ import (
 	"io"
 	"sync/atomic"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // counting is a storage decorator that counts the bytes and objects

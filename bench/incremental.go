@@ -1,11 +1,11 @@
 package bench
 
 import (
-	"ckpt/telemetry"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -15,9 +15,9 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"ckpt/client"
-	"ckpt/restore"
-	"ckpt/workload"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/workload"
 )
 
 const task = "bench-0"

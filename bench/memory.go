@@ -2,10 +2,10 @@ package bench
 
 import (
 	"bufio"
-	"ckpt/telemetry"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -16,7 +16,7 @@ import (
 	"syscall"
 	"time"
 
-	"ckpt/client"
+	"github.com/ckpt-io/ckpt/client"
 )
 
 // memory runs `ckpt agent` as its own process and has it upload a large

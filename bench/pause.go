@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"ckpt/client"
+	"github.com/ckpt-io/ckpt/client"
 )
 
 // pause measures the app's pause, request sent to synced read, with

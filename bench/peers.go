@@ -3,11 +3,11 @@ package bench
 import (
 	"bufio"
 	"bytes"
-	"ckpt/telemetry"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -20,7 +20,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"ckpt/restore"
+	"github.com/ckpt-io/ckpt/restore"
 )
 
 const tputTask = "tput-0"

@@ -9,7 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // Report is what a run measured; its JSON is `ckpt bench --json`. A figure

@@ -1,10 +1,10 @@
 package bench
 
 import (
-	"ckpt/internal/servers"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/servers"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,8 +18,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"ckpt/storage"
-	s3store "ckpt/storage/s3"
+	"github.com/ckpt-io/ckpt/storage"
+	s3store "github.com/ckpt-io/ckpt/storage/s3"
 )
 
 // Pinned S3 server the bench starts when no --storage is given.

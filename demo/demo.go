@@ -19,12 +19,12 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"ckpt/agent"
-	"ckpt/client"
-	"ckpt/restore"
-	"ckpt/storage"
-	_ "ckpt/storage/file" // the file:// backend
-	"ckpt/workload"
+	"github.com/ckpt-io/ckpt/agent"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage"
+	_ "github.com/ckpt-io/ckpt/storage/file" // the file:// backend
+	"github.com/ckpt-io/ckpt/workload"
 )
 
 // Options configures a demo run. Zero values take the documented defaults.

@@ -1,8 +1,8 @@
 package demo
 
 import (
-	"ckpt/telemetry"
 	"fmt"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"io"
 	"strings"
 	"text/tabwriter"

@@ -21,8 +21,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"ckpt/client"
-	"ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/internal/testservers"
 )
 
 // backendNames are the storage backends every core scenario runs against,

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/internal/testservers"
 )
 
 func TestAMissingBucketIsOneLineNamingTheBucketAndTheEndpoint(t *testing.T) {

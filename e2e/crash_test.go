@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/client"
+	"github.com/ckpt-io/ckpt/client"
 )
 
 func TestAnAgentKilledMidUploadLeavesNothingOnceCollected(t *testing.T) {

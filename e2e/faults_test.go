@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/internal/testservers"
 )
 
 // fault is what the proxy does to one request.

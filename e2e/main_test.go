@@ -3,7 +3,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"ckpt/internal/testservers"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -11,6 +10,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/testservers"
 	"io"
 	"io/fs"
 	"math/rand/v2"

@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/client"
-	"ckpt/workload"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/workload"
 )
 
 // consoleSpan is the part of a span as the console exporter prints it that

@@ -12,8 +12,8 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
-	"ckpt/client"
-	"ckpt/workload"
+	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/workload"
 )
 
 // localCopy is the agent's local copy of checkpoint n: the snapshot's files

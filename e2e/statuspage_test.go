@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // chromiumPath is Debian's chromium package; .ci/run installs it.

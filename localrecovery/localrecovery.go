@@ -31,7 +31,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
-	"ckpt/manifests"
+	"github.com/ckpt-io/ckpt/manifests"
 )
 
 // Store is the local store of one job.

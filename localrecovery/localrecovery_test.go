@@ -8,7 +8,7 @@ import (
 	"syscall"
 	"testing"
 
-	"ckpt/manifests"
+	"github.com/ckpt-io/ckpt/manifests"
 )
 
 func write(t *testing.T, dir string, files map[string]string) {

@@ -9,7 +9,7 @@ import (
 	"sort"
 	"time"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // ErrConflict is returned (wrapped) when a manifest for the same checkpoint

@@ -7,7 +7,7 @@ import (
 	"sort"
 	"time"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // GCOptions tunes a collection.

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/storage"
-	"ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
 )
 
 func sha(b []byte) string {

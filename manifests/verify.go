@@ -9,7 +9,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // Problem is one thing wrong with a stored checkpoint.

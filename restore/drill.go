@@ -6,8 +6,8 @@ import (
 	"os"
 	"time"
 
-	"ckpt/manifests"
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // DrillOptions says what to drill.

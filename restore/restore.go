@@ -24,10 +24,10 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"ckpt/localrecovery"
-	"ckpt/manifests"
-	"ckpt/storage"
-	"ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/telemetry"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"

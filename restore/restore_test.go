@@ -15,11 +15,11 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/localrecovery"
-	"ckpt/manifests"
-	"ckpt/restore"
-	"ckpt/storage/file"
-	"ckpt/uploader"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/uploader"
 )
 
 type env struct {

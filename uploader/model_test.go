@@ -16,11 +16,11 @@ import (
 
 	"pgregory.net/rapid"
 
-	"ckpt/localrecovery"
-	"ckpt/manifests"
-	"ckpt/storage"
-	"ckpt/storage/file"
-	"ckpt/uploader"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/uploader"
 )
 
 // failAfter is a store whose Puts fail once a budget is spent: a crash (or

@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/localrecovery"
-	"ckpt/manifests"
-	"ckpt/storage"
-	"ckpt/storage/file"
-	"ckpt/uploader"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/uploader"
 )
 
 // counting counts the objects written through it and can run a hook

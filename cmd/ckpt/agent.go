@@ -9,11 +9,11 @@ import (
 	"strings"
 	"time"
 
-	"ckpt/agent"
-	"ckpt/engine"
-	"ckpt/restore"
-	"ckpt/storage/ratelimit"
-	"ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/agent"
+	"github.com/ckpt-io/ckpt/engine"
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage/ratelimit"
+	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // stringList is a repeatable flag.

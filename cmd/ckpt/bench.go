@@ -11,7 +11,7 @@ import (
 	"strings"
 	"time"
 
-	"ckpt/bench"
+	"github.com/ckpt-io/ckpt/bench"
 )
 
 func runBench(ctx context.Context, args []string) error {

@@ -8,8 +8,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"ckpt/manifests"
-	"ckpt/restore"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/restore"
 )
 
 func runRestore(ctx context.Context, args []string) error {

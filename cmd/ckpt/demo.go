@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 
-	"ckpt/demo"
+	"github.com/ckpt-io/ckpt/demo"
 )
 
 func runDemo(ctx context.Context, args []string) error {

@@ -1,12 +1,12 @@
 package main
 
 import (
-	"ckpt/telemetry"
 	"context"
 	"fmt"
+	"github.com/ckpt-io/ckpt/telemetry"
 
-	"ckpt/engine"
-	"ckpt/restore"
+	"github.com/ckpt-io/ckpt/engine"
+	"github.com/ckpt-io/ckpt/restore"
 )
 
 func runDrill(ctx context.Context, args []string) error {

@@ -18,12 +18,12 @@ import (
 	"strings"
 	"syscall"
 
-	"ckpt/storage"
-	_ "ckpt/storage/file"
-	_ "ckpt/storage/gs"
-	"ckpt/storage/metered"
-	"ckpt/storage/retry"
-	_ "ckpt/storage/s3"
+	"github.com/ckpt-io/ckpt/storage"
+	_ "github.com/ckpt-io/ckpt/storage/file"
+	_ "github.com/ckpt-io/ckpt/storage/gs"
+	"github.com/ckpt-io/ckpt/storage/metered"
+	"github.com/ckpt-io/ckpt/storage/retry"
+	_ "github.com/ckpt-io/ckpt/storage/s3"
 )
 
 // version is set at build time with -ldflags "-X main.version=...".

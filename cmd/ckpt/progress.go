@@ -1,8 +1,8 @@
 package main
 
 import (
-	"ckpt/telemetry"
 	"fmt"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"os"
 	"strings"
 	"sync"

@@ -7,7 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
-	"ckpt/client"
+	"github.com/ckpt-io/ckpt/client"
 )
 
 func trigger(ctx context.Context, socket, task string, n uint64, dir, engine string, asJSON bool) error {

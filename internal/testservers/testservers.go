@@ -14,9 +14,9 @@ package testservers
 
 import (
 	"bytes"
-	"ckpt/internal/servers"
 	"context"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/servers"
 	"net/http"
 	"net/url"
 	"os"

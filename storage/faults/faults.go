@@ -19,7 +19,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // Kind names a class of injected fault.

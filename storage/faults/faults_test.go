@@ -8,10 +8,10 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/storage"
-	"ckpt/storage/faults"
-	"ckpt/storage/file"
-	"ckpt/storage/retry"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/faults"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/storage/retry"
 )
 
 func newStore(t *testing.T, o faults.Options) (*faults.Store, *file.Store) {

@@ -23,7 +23,7 @@ import (
 	"syscall"
 	"time"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 func init() {

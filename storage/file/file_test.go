@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/storage"
-	"ckpt/storage/storagetest"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 func TestConformance(t *testing.T) {

@@ -20,11 +20,11 @@ import (
 	"golang.org/x/oauth2"
 	"google.golang.org/api/option"
 
-	"ckpt/internal/testservers"
-	"ckpt/storage"
-	"ckpt/storage/faults"
-	"ckpt/storage/retry"
-	"ckpt/storage/storagetest"
+	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/faults"
+	"github.com/ckpt-io/ckpt/storage/retry"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 // emulator starts fake-gcs-server with a bucket and points

@@ -1,10 +1,10 @@
 package gs
 
 import (
-	"ckpt/storage"
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/storage"
 	"net"
 	"net/http"
 	"strings"

@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // Store measures the store it wraps.
@@ -33,7 +33,7 @@ var (
 // New wraps inner; the metrics come from the global meter provider and
 // carry the backend's name (file, s3, gs) as an attribute.
 func New(inner storage.Store, backend string) *Store {
-	m := otel.Meter("ckpt/storage")
+	m := otel.Meter("github.com/ckpt-io/ckpt/storage")
 	s := &Store{inner: inner, backend: attribute.String("backend", backend)}
 	s.requests, _ = m.Int64Counter("ckpt.storage.requests", metric.WithUnit("{request}"),
 		metric.WithDescription("Storage calls, by operation and outcome (ok, not_found, exists, error)."))

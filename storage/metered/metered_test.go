@@ -10,9 +10,9 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"ckpt/storage"
-	"ckpt/storage/file"
-	"ckpt/storage/storagetest"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 func TestConformance(t *testing.T) {

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/time/rate"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // Limits are in bytes per second; zero or negative means unlimited.

@@ -9,10 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/storage"
-	"ckpt/storage/file"
-	"ckpt/storage/ratelimit"
-	"ckpt/storage/storagetest"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/storage/ratelimit"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 func fileStore(t *testing.T) storage.Store {

@@ -47,7 +47,7 @@ import (
 	"syscall"
 	"time"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // Options tunes a retrying store. Zero values select the defaults.

@@ -11,11 +11,11 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/storage"
-	"ckpt/storage/faults"
-	"ckpt/storage/file"
-	"ckpt/storage/retry"
-	"ckpt/storage/storagetest"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/faults"
+	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/storage/retry"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 func noSleep(ctx context.Context, _ time.Duration) error { return ctx.Err() }

@@ -67,7 +67,7 @@ import (
 	"github.com/aws/smithy-go/middleware"
 	"golang.org/x/sync/errgroup"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 func init() {

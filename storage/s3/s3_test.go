@@ -24,11 +24,11 @@ import (
 	"github.com/aws/smithy-go/middleware"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"ckpt/internal/testservers"
-	"ckpt/storage"
-	"ckpt/storage/faults"
-	"ckpt/storage/retry"
-	"ckpt/storage/storagetest"
+	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/faults"
+	"github.com/ckpt-io/ckpt/storage/retry"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 func options(srv *testservers.S3Server, bucket, prefix string) Options {

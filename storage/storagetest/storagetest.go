@@ -20,7 +20,7 @@ import (
 	"testing"
 	"time"
 
-	"ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // Options tunes the suite for a backend.
