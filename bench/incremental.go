@@ -5,7 +5,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,7 +33,7 @@ func (r *run) ensureStore(ctx context.Context) error {
 		return err
 	}
 	r.w = w
-	r.logf("loading %s into Pebble", telemetry.FormatBytes(r.o.StateBytes))
+	r.logf("loading %s into Pebble", human.Bytes(r.o.StateBytes))
 	if _, err := w.Round(ctx); err != nil {
 		return fmt.Errorf("load the state: %w", err)
 	}
@@ -228,7 +228,7 @@ func (r *run) incremental(ctx context.Context) error {
 		os.RemoveAll(dir) // left when an agent refused it
 		os.RemoveAll(fullDir)
 		r.logf("checkpoint %d: %d files, %s full, %s new, wrote %s (full agent %s), %.0f ms vs %.0f ms",
-			n, s.Files, telemetry.FormatBytes(s.FullSize), telemetry.FormatBytes(s.NewBytes), telemetry.FormatBytes(s.BytesWritten), telemetry.FormatBytes(s.FullBytesWritten), s.DurationMS, s.FullDurationMS)
+			n, s.Files, human.Bytes(s.FullSize), human.Bytes(s.NewBytes), human.Bytes(s.BytesWritten), human.Bytes(s.FullBytesWritten), s.DurationMS, s.FullDurationMS)
 	}
 	if full != nil {
 		r.summarizeSeries()
@@ -317,7 +317,7 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 			fig.RemoteMS, fig.BytesRemote, fig.RemoteVerified = ms(d), res.BytesRemote, verr == nil
 		}
 		os.RemoveAll(dir)
-		r.logf("restore from %s: %s in %.1f ms (local %s, remote %s), verified %v", source, telemetry.FormatBytes(res.Bytes), ms(d), telemetry.FormatBytes(res.BytesLocal), telemetry.FormatBytes(res.BytesRemote), verr == nil)
+		r.logf("restore from %s: %s in %.1f ms (local %s, remote %s), verified %v", source, human.Bytes(res.Bytes), ms(d), human.Bytes(res.BytesLocal), human.Bytes(res.BytesRemote), verr == nil)
 	}
 	if fig.LocalMS > 0 {
 		fig.Speedup = round(fig.RemoteMS/fig.LocalMS, 4)

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -107,7 +107,7 @@ func (r *run) memory(ctx context.Context) error {
 	fig.UploadMS = ms(d)
 	fig.UploadBytesPerS = round(float64(fig.CheckpointBytes)/d.Seconds(), 5)
 	r.rep.Memory = fig
-	r.logf("memory: peak RSS %s uploading %s (%s)", telemetry.FormatBytes(fig.PeakRSSBytes), telemetry.FormatBytes(total), rate(fig.UploadBytesPerS))
+	r.logf("memory: peak RSS %s uploading %s (%s)", human.Bytes(fig.PeakRSSBytes), human.Bytes(total), rate(fig.UploadBytesPerS))
 	return nil
 }
 

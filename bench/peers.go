@@ -7,7 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -385,7 +385,7 @@ func (r *run) endToEnd(ctx context.Context) error {
 	}
 	e.PauseMS, e.UploadMS = ms(s.pause), ms(s.total-s.pause)
 	e.CheckpointSize, e.FilesUploaded = s.ev.CheckpointSize, s.ev.FilesUploaded
-	r.logf("end to end: %.0f ms for %s added (%s shipped)", e.CkptMS, telemetry.FormatBytes(added), telemetry.FormatBytes(e.CheckpointSize))
+	r.logf("end to end: %.0f ms for %s added (%s shipped)", e.CkptMS, human.Bytes(added), human.Bytes(e.CheckpointSize))
 
 	rc := PeerIncrement{Tool: "rclone copy", Reason: x.why["rclone"]}
 	if x.rclone != "" {

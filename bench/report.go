@@ -2,14 +2,13 @@ package bench
 
 import (
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"io"
 	"math"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // Report is what a run measured; its JSON is `ckpt bench --json`. A figure
@@ -382,13 +381,13 @@ func (r *Report) finish() {
 	e := r.EndToEnd
 	note = ""
 	if e != nil && e.Scaled {
-		note = fmt.Sprintf("scaled: the state is %s, the target is stated for 1 GiB (run with --state-bytes 1GiB)", telemetry.FormatBytes(e.StateBytes))
+		note = fmt.Sprintf("scaled: the state is %s, the target is stated for 1 GiB (run with --state-bytes 1GiB)", human.Bytes(e.StateBytes))
 	}
 	add("checkpoint adding 1.5% to the state, end to end", e != nil, val(e, func(e *EndToEnd) float64 { return e.CkptMS / 1000 }), "s", "<=", 0.3, e != nil && e.Scaled, note)
 	rs := r.Restore
 	note = ""
 	if rs != nil {
-		note = fmt.Sprintf("every local byte hashed: SHA-256 runs at %s/s on this machine's cores, so no such restore can beat this remote one by more than %.1fx", telemetry.FormatBytes(int64(rs.SHA256BytesPerS)), rs.SpeedupBound)
+		note = fmt.Sprintf("every local byte hashed: SHA-256 runs at %s/s on this machine's cores, so no such restore can beat this remote one by more than %.1fx", human.Bytes(int64(rs.SHA256BytesPerS)), rs.SpeedupBound)
 	}
 	add("local restore speedup over remote restore (sha256-verified)", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.Speedup }), "x", ">=", 50, false, note)
 	add("local restore speedup over remote restore (--verify-local=identity)", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.SpeedupIdentity }), "x", ">=", 50, false,
@@ -422,7 +421,7 @@ func (r *Report) finish() {
 	m := r.Memory
 	note = ""
 	if m != nil && m.Scaled {
-		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", telemetry.FormatBytes(m.CheckpointBytes))
+		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", human.Bytes(m.CheckpointBytes))
 	}
 	add("agent peak RSS uploading a large checkpoint", m != nil, val(m, func(m *Memory) float64 { return float64(m.PeakRSSBytes) / (1 << 20) }), "MiB", "<=", 128, m != nil && m.Scaled, note)
 }
@@ -453,7 +452,7 @@ func rate(bps float64) string {
 func (r *Report) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "ckpt bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
-		telemetry.FormatBytes(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
+		human.Bytes(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
 	fmt.Fprintln(tw, "FIGURE\tMEASURED\tTARGET\tRESULT")
 	for _, t := range r.Targets {
 		v, res := "-", "not measured"
@@ -480,15 +479,15 @@ func (r *Report) Print(w io.Writer) error {
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "N\tfiles\tfull size\tflushed\tcompacted\tnew\twritten\tampl\tpause ms\tinc ms\tfull written\tfull ms\tbytes ratio\tdur ratio\t")
 		for _, s := range r.Series {
-			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.1f\t%s\t%.1f\t%.4f\t%.3f\t\n", s.Checkpoint, s.Files, telemetry.FormatBytes(s.FullSize), telemetry.FormatBytes(s.FlushedBytes), telemetry.FormatBytes(s.CompactedBytes), telemetry.FormatBytes(s.NewBytes),
-				telemetry.FormatBytes(s.BytesWritten), s.Amplification, s.PauseMS, s.DurationMS, telemetry.FormatBytes(s.FullBytesWritten), s.FullDurationMS, s.BytesRatio, s.DurationRatio)
+			fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%.2f\t%.1f\t%s\t%.1f\t%.4f\t%.3f\t\n", s.Checkpoint, s.Files, human.Bytes(s.FullSize), human.Bytes(s.FlushedBytes), human.Bytes(s.CompactedBytes), human.Bytes(s.NewBytes),
+				human.Bytes(s.BytesWritten), s.Amplification, s.PauseMS, s.DurationMS, human.Bytes(s.FullBytesWritten), s.FullDurationMS, s.BytesRatio, s.DurationRatio)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
 		}
 	}
 	if tr := r.Transfer; tr != nil {
-		fmt.Fprintf(w, "\nUpload and restore of the same %s in %d files:\n", telemetry.FormatBytes(tr.Bytes), tr.Files)
+		fmt.Fprintf(w, "\nUpload and restore of the same %s in %d files:\n", human.Bytes(tr.Bytes), tr.Files)
 		tw = tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
 		fmt.Fprintln(tw, "TOOL\tUPLOAD\tRESTORE\tWHERE\tNOTE")
 		for _, t := range tr.Tools {
@@ -505,7 +504,7 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	if e := r.EndToEnd; e != nil {
 		fmt.Fprintf(w, "\nAdding %s to a %s state: ckpt %.0f ms end to end (snapshot %.0f ms, pause %.1f ms, upload %.0f ms, %s shipped)",
-			telemetry.FormatBytes(e.AddedBytes), telemetry.FormatBytes(e.StateBytes), e.CkptMS, e.SnapshotMS, e.PauseMS, e.UploadMS, telemetry.FormatBytes(e.CheckpointSize))
+			human.Bytes(e.AddedBytes), human.Bytes(e.StateBytes), e.CkptMS, e.SnapshotMS, e.PauseMS, e.UploadMS, human.Bytes(e.CheckpointSize))
 		for _, p := range e.Peers {
 			if p.Available {
 				fmt.Fprintf(w, "; %s %.0f ms", p.Tool, p.MS)
@@ -517,7 +516,7 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	if rs := r.Restore; rs != nil {
 		fmt.Fprintf(w, "\nRestore of checkpoint %d (%s, %d files): local %.1f ms (%.1f ms with --verify-local=identity), remote %.1f ms (%.1fx, %.1fx); verified local %v, remote %v\n",
-			rs.Checkpoint, telemetry.FormatBytes(rs.Bytes), rs.Files, rs.LocalMS, rs.LocalIdentityMS, rs.RemoteMS, rs.Speedup, rs.SpeedupIdentity, rs.LocalVerified, rs.RemoteVerified)
+			rs.Checkpoint, human.Bytes(rs.Bytes), rs.Files, rs.LocalMS, rs.LocalIdentityMS, rs.RemoteMS, rs.Speedup, rs.SpeedupIdentity, rs.LocalVerified, rs.RemoteVerified)
 	}
 	for _, a := range []*AppThroughput{r.AppThroughput, offNode(r.AppThroughput)} {
 		if a == nil {
@@ -544,7 +543,7 @@ func (r *Report) Print(w io.Writer) error {
 	}
 	if m := r.Memory; m != nil {
 		fmt.Fprintf(w, "\nAgent process uploading %s in %d files: peak RSS %s (at start %s), %s\n",
-			telemetry.FormatBytes(m.CheckpointBytes), m.Files, telemetry.FormatBytes(m.PeakRSSBytes), telemetry.FormatBytes(m.BaselineRSS), rate(m.UploadBytesPerS))
+			human.Bytes(m.CheckpointBytes), m.Files, human.Bytes(m.PeakRSSBytes), human.Bytes(m.BaselineRSS), rate(m.UploadBytesPerS))
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)

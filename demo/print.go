@@ -2,7 +2,7 @@ package demo
 
 import (
 	"fmt"
-	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"io"
 	"strings"
 	"text/tabwriter"
@@ -13,7 +13,7 @@ import (
 func (r *Report) print(out io.Writer, root string, kept bool, lostWrites int) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "ckpt demo: a Pebble store with %d keys (%s of keyed state), the agent, and file:// storage under %s\n",
-		r.Keys, telemetry.FormatBytes(r.StateBytes), root)
+		r.Keys, human.Bytes(r.StateBytes), root)
 	fmt.Fprintf(&b, "each round overwrites a few percent of the keys (mostly recent ones), expires the oldest and adds new ones\n")
 	fmt.Fprintf(&b, "(%.0f writes/s), then the app flushes its memtable and checkpoints through the agent\n\n", r.WritesPerSecond)
 
@@ -28,10 +28,10 @@ func (r *Report) print(out io.Writer, root string, kept bool, lostWrites int) er
 		case i == 0:
 			note = "first: everything is new"
 		case spikes[c.Checkpoint]:
-			note = fmt.Sprintf("spike: compaction rewrote %s of old data into new files", telemetry.FormatBytes(int64(c.CompactedBytes)))
+			note = fmt.Sprintf("spike: compaction rewrote %s of old data into new files", human.Bytes(int64(c.CompactedBytes)))
 		}
 		fmt.Fprintf(tw, "%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%d\t\t%s\n",
-			c.Checkpoint, c.Writes, telemetry.FormatBytes(c.CheckpointSize), telemetry.FormatBytes(c.FullSize),
+			c.Checkpoint, c.Writes, human.Bytes(c.CheckpointSize), human.Bytes(c.FullSize),
 			c.FilesUploaded, c.FilesReused, c.SyncMS, c.PauseMS, c.DurationMS, note)
 	}
 	if err := tw.Flush(); err != nil {
@@ -55,7 +55,7 @@ files, so checkpoint size has a sawtooth: expected, and shown, not hidden.
 			verdict = "NOT VERIFIED: " + x.Error
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%d\t%d\t%d\t\t%s\n",
-			x.Source, x.Checkpoint, x.Files, telemetry.FormatBytes(x.Bytes), telemetry.FormatBytes(x.BytesLocal), telemetry.FormatBytes(x.BytesRemote),
+			x.Source, x.Checkpoint, x.Files, human.Bytes(x.Bytes), human.Bytes(x.BytesLocal), human.Bytes(x.BytesRemote),
 			x.DurationMS, x.VerifyMS, durations[x.Checkpoint], verdict)
 	}
 	if err := tw.Flush(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"image/png"
 	"io"
 	"net"
@@ -20,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // chromiumPath is Debian's chromium package; .ci/run installs it.
@@ -168,8 +168,8 @@ func requireStatusPage(t *testing.T, what, page, task string, evs []completedEve
 	}
 	last := evs[len(evs)-1]
 	for _, want := range []string{
-		fmt.Sprintf(`<span class="value last-checkpoint-size" data-bytes="%d">%s</span>`, last.CheckpointSize, telemetry.FormatBytes(last.CheckpointSize)),
-		fmt.Sprintf(`<span class="value last-full-size" data-bytes="%d">%s</span>`, last.FullSize, telemetry.FormatBytes(last.FullSize)),
+		fmt.Sprintf(`<span class="value last-checkpoint-size" data-bytes="%d">%s</span>`, last.CheckpointSize, human.Bytes(last.CheckpointSize)),
+		fmt.Sprintf(`<span class="value last-full-size" data-bytes="%d">%s</span>`, last.FullSize, human.Bytes(last.FullSize)),
 		fmt.Sprintf(`<span class="value files-uploaded">%d</span>`, last.FilesUploaded),
 		fmt.Sprintf(`<span class="value files-reused">%d</span>`, last.FilesReused),
 		`<span class="value in-flight">0</span>`,

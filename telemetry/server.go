@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,12 +19,15 @@ type ServerOptions struct {
 	// Ready reports why the agent is not ready (nil: ready). /readyz calls it.
 	Ready func(ctx context.Context) error
 	// Pprof mounts net/http/pprof under /debug/pprof/.
-	Pprof  bool
+	Pprof bool
+	// Page renders the status page served at /; nil serves none.
+	Page   func(w io.Writer, v View) error
 	Logger *slog.Logger
 }
 
 // Handler serves /metrics (Prometheus), /healthz (the process is alive),
-// /readyz (Ready says the agent can take checkpoints) and / (the status page).
+// /readyz (Ready says the agent can take checkpoints) and / (the status
+// page, when o.Page is set).
 func (t *Telemetry) Handler(o ServerOptions) http.Handler {
 	mux := http.NewServeMux()
 	if t != nil {
@@ -43,13 +47,15 @@ func (t *Telemetry) Handler(o ServerOptions) http.Handler {
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html; charset=utf-8")
-		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
-		if err := RenderStatus(w, t.View()); err != nil && o.Logger != nil {
-			o.Logger.Warn("status page", "err", err)
-		}
-	})
+	if o.Page != nil {
+		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+			if err := o.Page(w, t.View()); err != nil && o.Logger != nil {
+				o.Logger.Warn("status page", "err", err)
+			}
+		})
+	}
 	if o.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

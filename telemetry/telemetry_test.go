@@ -76,7 +76,8 @@ func TestHealthAndReadiness(t *testing.T) {
 	var tel *Telemetry // nil records nothing but still serves health
 	notReady := errors.New("storage unreachable")
 	ready := error(nil)
-	h := tel.Handler(ServerOptions{Ready: func(context.Context) error { return ready }})
+	page := func(w io.Writer, v View) error { _, err := io.WriteString(w, "page of "+v.Job); return err }
+	h := tel.Handler(ServerOptions{Ready: func(context.Context) error { return ready }, Page: page})
 	if code, _ := get(t, h, "/healthz"); code != 200 {
 		t.Fatalf("/healthz %d", code)
 	}
@@ -89,6 +90,9 @@ func TestHealthAndReadiness(t *testing.T) {
 	}
 	if code, _ := get(t, h, "/"); code != 200 {
 		t.Fatalf("status page of a nil telemetry: %d", code)
+	}
+	if code, _ := get(t, tel.Handler(ServerOptions{}), "/"); code != 404 {
+		t.Fatalf("status page without a renderer: %d, want 404", code)
 	}
 }
 

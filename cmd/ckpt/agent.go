@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"github.com/ckpt-io/ckpt/statuspage"
 	"os"
 	"strings"
 	"time"
@@ -107,7 +108,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return usageError{err}
 	}
 	if *metricsAddr != "" {
-		addr, _, err := tel.Serve(ctx, *metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: *pprofOn, Logger: log})
+		addr, _, err := tel.Serve(ctx, *metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: *pprofOn, Page: statuspage.Render, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -3,7 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/internal/human"
 
 	"github.com/ckpt-io/ckpt/engine"
 	"github.com/ckpt-io/ckpt/restore"
@@ -45,7 +45,7 @@ func runDrill(ctx context.Context, args []string) error {
 		return printJSON(res)
 	}
 	fmt.Printf("drill of %s checkpoint %d: %d files, %s restored from storage and verified in %d ms (%s/s)",
-		res.Task, res.Checkpoint, res.Files, telemetry.FormatBytes(res.Bytes), res.DurationMS, telemetry.FormatBytes(int64(res.ThroughputBytesPerS)))
+		res.Task, res.Checkpoint, res.Files, human.Bytes(res.Bytes), res.DurationMS, human.Bytes(int64(res.ThroughputBytesPerS)))
 	if res.EngineChecked {
 		fmt.Printf("; the store opens, %d keys", res.Keys)
 	}

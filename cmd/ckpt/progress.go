@@ -2,7 +2,7 @@ package main
 
 import (
 	"fmt"
-	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"os"
 	"strings"
 	"sync"
@@ -49,7 +49,7 @@ func (p *progress) update(done, total int64) {
 	const width = 30
 	n := int(frac * width)
 	fmt.Fprintf(os.Stderr, "\r%s [%s%s] %5.1f%% %s/%s %s/s ETA %s  ", p.label, strings.Repeat("=", n), strings.Repeat(" ", width-n),
-		frac*100, telemetry.FormatBytes(done), telemetry.FormatBytes(total), telemetry.FormatBytes(int64(rate)), eta)
+		frac*100, human.Bytes(done), human.Bytes(total), human.Bytes(int64(rate)), eta)
 }
 
 // done ends the bar's line.

@@ -1,10 +1,12 @@
-package telemetry
+package statuspage
 
 import (
 	"bytes"
 	"encoding/xml"
 	"flag"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/human"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"os"
 	"regexp"
 	"strings"
@@ -24,11 +26,11 @@ const (
 // sixth one follows a compaction, which rewrites the state into fewer, new
 // files: a large checkpoint size while the full size drops. One checkpoint
 // failed and one was aborted.
-func sawtooth(n int, flush, base int64, start time.Time) []CheckpointRecord {
-	var h []CheckpointRecord
+func sawtooth(n int, flush, base int64, start time.Time) []telemetry.CheckpointRecord {
+	var h []telemetry.CheckpointRecord
 	full := base
 	for i := 1; i <= n; i++ {
-		r := CheckpointRecord{Task: "t", Checkpoint: uint64(i), Status: "completed", At: start.Add(time.Duration(i) * time.Minute),
+		r := telemetry.CheckpointRecord{Task: "t", Checkpoint: uint64(i), Status: "completed", At: start.Add(time.Duration(i) * time.Minute),
 			Sync: time.Duration(20+i) * time.Millisecond, Async: time.Duration(800+10*i) * time.Millisecond}
 		r.Total = r.Sync + r.Async
 		switch {
@@ -51,23 +53,23 @@ func sawtooth(n int, flush, base int64, start time.Time) []CheckpointRecord {
 	return h
 }
 
-func sampleView() View {
+func sampleView() telemetry.View {
 	now := time.Date(2025, 5, 1, 12, 30, 0, 0, time.UTC)
 	start := now.Add(-30 * time.Minute)
-	tasks := []TaskView{
+	tasks := []telemetry.TaskView{
 		{Task: "orders-0", History: sawtooth(24, 8*mib, 40*mib, start), InFlight: 1,
-			LastDrill: &DrillRecord{Task: "orders-0", Checkpoint: 23, Bytes: 88 * mib, Files: 14,
+			LastDrill: &telemetry.DrillRecord{Task: "orders-0", Checkpoint: 23, Bytes: 88 * mib, Files: 14,
 				Duration: 1700 * time.Millisecond, Throughput: 88 * mib / 1.7, Verified: true, At: now.Add(-90 * time.Second)}},
 		{Task: "orders-1", History: sawtooth(7, 3*mib, 1200*mib, start)},
 		{Task: "orders-2", History: sawtooth(3, 300*kib, 2*mib, start),
-			LastDrill: &DrillRecord{Task: "orders-2", Checkpoint: 2, Error: "object gone", At: now.Add(-time.Minute)}},
+			LastDrill: &telemetry.DrillRecord{Task: "orders-2", Checkpoint: 2, Error: "object gone", At: now.Add(-time.Minute)}},
 	}
 	for i := range tasks {
 		for j := range tasks[i].History {
 			tasks[i].History[j].Task = tasks[i].Task
 		}
 	}
-	v := View{Job: "orders", Storage: "s3://ckpt-bucket/prod", Version: "v0.3.1", Tasks: tasks,
+	v := telemetry.View{Job: "orders", Storage: "s3://ckpt-bucket/prod", Version: "v0.3.1", Tasks: tasks,
 		RetainedBytes: 1900 * mib, GCDeleted: 212, Now: now}
 	for _, tv := range tasks {
 		for i := len(tv.History) - 1; i >= 0; i-- {
@@ -80,10 +82,10 @@ func sampleView() View {
 	return v
 }
 
-func render(t *testing.T, v View) string {
+func render(t *testing.T, v telemetry.View) string {
 	t.Helper()
 	var b bytes.Buffer
-	if err := RenderStatus(&b, v); err != nil {
+	if err := Render(&b, v); err != nil {
 		t.Fatalf("RenderStatus: %v", err)
 	}
 	return b.String()
@@ -100,13 +102,13 @@ func charts(page string) map[string]string {
 	return out
 }
 
-func lastCompleted(h []CheckpointRecord) CheckpointRecord {
+func lastCompleted(h []telemetry.CheckpointRecord) telemetry.CheckpointRecord {
 	for i := len(h) - 1; i >= 0; i-- {
 		if h[i].Status == "completed" {
 			return h[i]
 		}
 	}
-	return CheckpointRecord{}
+	return telemetry.CheckpointRecord{}
 }
 
 func TestStatusPage(t *testing.T) {
@@ -167,13 +169,13 @@ func TestStatusPage(t *testing.T) {
 
 			last := lastCompleted(tv.History)
 			for _, want := range []string{
-				fmt.Sprintf(`<span class="value last-checkpoint-size" data-bytes="%d">%s</span>`, last.CheckpointSize, FormatBytes(last.CheckpointSize)),
-				fmt.Sprintf(`<span class="value last-full-size" data-bytes="%d">%s</span>`, last.FullSize, FormatBytes(last.FullSize)),
+				fmt.Sprintf(`<span class="value last-checkpoint-size" data-bytes="%d">%s</span>`, last.CheckpointSize, human.Bytes(last.CheckpointSize)),
+				fmt.Sprintf(`<span class="value last-full-size" data-bytes="%d">%s</span>`, last.FullSize, human.Bytes(last.FullSize)),
 				fmt.Sprintf(`<span class="value files-uploaded">%d</span>`, last.FilesUploaded),
 				fmt.Sprintf(`<span class="value files-reused">%d</span>`, last.FilesReused),
-				fmt.Sprintf(`data-ns="%d">%s</span>`, last.Sync.Nanoseconds(), FormatDuration(last.Sync)),
-				fmt.Sprintf(`data-ns="%d">%s</span>`, last.Async.Nanoseconds(), FormatDuration(last.Async)),
-				fmt.Sprintf(`<span class="value total-duration" data-ns="%d">%s</span>`, last.Total.Nanoseconds(), FormatDuration(last.Total)),
+				fmt.Sprintf(`data-ns="%d">%s</span>`, last.Sync.Nanoseconds(), human.Duration(last.Sync)),
+				fmt.Sprintf(`data-ns="%d">%s</span>`, last.Async.Nanoseconds(), human.Duration(last.Async)),
+				fmt.Sprintf(`<span class="value total-duration" data-ns="%d">%s</span>`, last.Total.Nanoseconds(), human.Duration(last.Total)),
 				fmt.Sprintf(`<span class="value in-flight">%d</span>`, tv.InFlight),
 			} {
 				if !strings.Contains(page, want) {
@@ -197,7 +199,7 @@ func TestStatusPage(t *testing.T) {
 		`<span class="pill busy">1 in flight</span>`,
 		// The job's storage against its state.
 		`<span id="retained-bytes" data-bytes="1992294400">1.86 GiB</span>`,
-		fmt.Sprintf(`<span id="logical-bytes" data-bytes="%d">%s</span>`, v.LogicalBytes, FormatBytes(v.LogicalBytes)),
+		fmt.Sprintf(`<span id="logical-bytes" data-bytes="%d">%s</span>`, v.LogicalBytes, human.Bytes(v.LogicalBytes)),
 		`<rect class="retained-bar"`, `<rect class="logical-bar"`,
 		`<meta http-equiv="refresh" content="10">`,
 	} {
@@ -241,10 +243,10 @@ func TestStatusPageShowsTheSawtooth(t *testing.T) {
 }
 
 func TestEmptyViewRenders(t *testing.T) {
-	for name, v := range map[string]View{
+	for name, v := range map[string]telemetry.View{
 		"zero view":            {},
-		"task without history": {Job: "j", Tasks: []TaskView{{Task: "fresh", InFlight: 1}}},
-		"only failures": {Job: "j", Tasks: []TaskView{{Task: "down", History: []CheckpointRecord{
+		"task without history": {Job: "j", Tasks: []telemetry.TaskView{{Task: "fresh", InFlight: 1}}},
+		"only failures": {Job: "j", Tasks: []telemetry.TaskView{{Task: "down", History: []telemetry.CheckpointRecord{
 			{Task: "down", Checkpoint: 1, Status: "failed", Total: time.Second},
 			{Task: "down", Checkpoint: 2, Status: "aborted"}}}}},
 	} {
@@ -312,35 +314,6 @@ func requireSelfContained(t *testing.T, page string) {
 		}
 		if strings.Contains(lower, bad) {
 			t.Errorf("page is not self-contained: it holds %q", bad)
-		}
-	}
-}
-
-func TestFormatBytes(t *testing.T) {
-	for _, c := range []struct {
-		n    int64
-		want string
-	}{
-		{0, "0 B"}, {1023, "1023 B"}, {1024, "1.00 KiB"}, {1536, "1.50 KiB"},
-		{10*mib + 300*kib, "10.3 MiB"}, {999 * mib, "999 MiB"}, {1023 * mib, "1023 MiB"},
-		{1 << 30, "1.00 GiB"}, {5 << 40, "5.00 TiB"},
-	} {
-		if got := FormatBytes(c.n); got != c.want {
-			t.Errorf("FormatBytes(%d) = %q, want %q", c.n, got, c.want)
-		}
-	}
-}
-
-func TestFormatDuration(t *testing.T) {
-	for _, c := range []struct {
-		d    time.Duration
-		want string
-	}{
-		{0, "0 s"}, {850 * time.Microsecond, "850 µs"}, {12500 * time.Microsecond, "12.5 ms"},
-		{1250 * time.Millisecond, "1.25 s"}, {125 * time.Second, "2m05s"}, {62 * time.Minute, "1h02m"},
-	} {
-		if got := FormatDuration(c.d); got != c.want {
-			t.Errorf("FormatDuration(%v) = %q, want %q", c.d, got, c.want)
 		}
 	}
 }

@@ -1,7 +1,11 @@
-package telemetry
+// Package statuspage renders the agent's status page: one self-contained
+// HTML document per request, drawn from a telemetry.View.
+package statuspage
 
 import (
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/human"
+	"github.com/ckpt-io/ckpt/telemetry"
 	"html/template"
 	"io"
 	"math"
@@ -17,10 +21,10 @@ import (
 // data-task on each task's section and chart, data-bytes on sizes (bytes),
 // data-ns on durations (nanoseconds), data-checkpoint on each bar.
 
-// RenderStatus writes the status page for v.
-func RenderStatus(w io.Writer, v View) error { return pageTmpl.Execute(w, newPage(v)) }
+// Render writes the status page for v.
+func Render(w io.Writer, v telemetry.View) error { return pageTmpl.Execute(w, newPage(v)) }
 
-// page is what the template draws: the View with every number formatted
+// page is what the template draws: the telemetry.View with every number formatted
 // and every chart laid out.
 type page struct {
 	Job, Storage, Version string
@@ -133,7 +137,7 @@ type tick struct {
 	Label string
 }
 
-func newPage(v View) page {
+func newPage(v telemetry.View) page {
 	p := page{Job: v.Job, Storage: v.Storage, Version: v.Version, Retained: v.RetainedBytes,
 		Logical: v.LogicalBytes, GCDeleted: v.GCDeleted}
 	now := v.Now
@@ -152,7 +156,7 @@ func newPage(v View) page {
 const storageBarWidth = 320
 
 func newStorageBar(retained, logical int64) storageBar {
-	s := storageBar{Measured: retained > 0 || logical == 0, Retained: FormatBytes(retained), Logic: FormatBytes(logical)}
+	s := storageBar{Measured: retained > 0 || logical == 0, Retained: human.Bytes(retained), Logic: human.Bytes(logical)}
 	top := max(retained, logical)
 	if top > 0 {
 		s.RetainedW = r1(storageBarWidth * float64(retained) / float64(top))
@@ -164,9 +168,9 @@ func newStorageBar(retained, logical int64) storageBar {
 	return s
 }
 
-func newTaskPage(tv TaskView, now time.Time) taskPage {
+func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
 	tp := taskPage{Task: tv.Task, InFlight: tv.InFlight, Window: len(tv.History)}
-	var last *CheckpointRecord
+	var last *telemetry.CheckpointRecord
 	for i := range tv.History {
 		r := &tv.History[i]
 		switch r.Status {
@@ -184,16 +188,16 @@ func newTaskPage(tv TaskView, now time.Time) taskPage {
 	}
 	if last != nil {
 		tp.Last = &lastCheckpoint{Checkpoint: last.Checkpoint, Size: last.CheckpointSize, Full: last.FullSize,
-			SizeH: FormatBytes(last.CheckpointSize), FullH: FormatBytes(last.FullSize),
+			SizeH: human.Bytes(last.CheckpointSize), FullH: human.Bytes(last.FullSize),
 			Uploaded: last.FilesUploaded, Reused: last.FilesReused,
 			Sync: last.Sync, Async: last.Async, Total: last.Total,
-			SyncH: FormatDuration(last.Sync), AsyncH: FormatDuration(last.Async), TotalH: FormatDuration(last.Total),
+			SyncH: human.Duration(last.Sync), AsyncH: human.Duration(last.Async), TotalH: human.Duration(last.Total),
 			At: stamp(last.At), Ago: ago(now, last.At),
-			BytesUploaded: last.BytesUploaded, BytesUploadedH: FormatBytes(last.BytesUploaded)}
+			BytesUploaded: last.BytesUploaded, BytesUploadedH: human.Bytes(last.BytesUploaded)}
 	}
 	if d := tv.LastDrill; d != nil {
-		ds := &drillSummary{Checkpoint: d.Checkpoint, Duration: d.Duration, DurationH: FormatDuration(d.Duration),
-			Throughput: d.Throughput, ThroughputH: FormatRate(d.Throughput), Bytes: FormatBytes(d.Bytes),
+		ds := &drillSummary{Checkpoint: d.Checkpoint, Duration: d.Duration, DurationH: human.Duration(d.Duration),
+			Throughput: d.Throughput, ThroughputH: human.Rate(d.Throughput), Bytes: human.Bytes(d.Bytes),
 			Verified: d.Verified, Error: d.Error, Ago: ago(now, d.At), ThroughputBytesS: int64(d.Throughput)}
 		if last != nil && last.Total > 0 && d.Duration > 0 {
 			ds.VsCheckpoint = strconv.FormatFloat(float64(d.Duration)/float64(last.Total), 'f', 1, 64) + "×"
@@ -203,8 +207,8 @@ func newTaskPage(tv TaskView, now time.Time) taskPage {
 	for i := len(tv.History) - 1; i >= 0; i-- {
 		r := tv.History[i]
 		tp.Rows = append(tp.Rows, historyRow{Checkpoint: r.Checkpoint, Status: r.Status,
-			Size: FormatBytes(r.CheckpointSize), Full: FormatBytes(r.FullSize),
-			Uploaded: r.FilesUploaded, Reused: r.FilesReused, Total: FormatDuration(r.Total), At: stamp(r.At)})
+			Size: human.Bytes(r.CheckpointSize), Full: human.Bytes(r.FullSize),
+			Uploaded: r.FilesUploaded, Reused: r.FilesReused, Total: human.Duration(r.Total), At: stamp(r.At)})
 	}
 	if len(tv.History) > 0 {
 		tp.Chart = newChart(tv.History)
@@ -232,7 +236,7 @@ const (
 // full sizes, and a mark at the baseline for each failed or aborted one.
 // Both series share one byte axis from zero, so a compaction shows as a
 // tall bar where the line steps down: the sawtooth.
-func newChart(h []CheckpointRecord) *chart {
+func newChart(h []telemetry.CheckpointRecord) *chart {
 	c := &chart{W: chartW, H: chartH, Left: chartLeft, Right: chartPlotRight, Top: chartTop,
 		Bottom: chartPlotBottomYCoord, PlotH: chartPlotH, TickEnd: chartPlotBottomYCoord + 4, Count: len(h)}
 	var top int64
@@ -284,20 +288,18 @@ func newChart(h []CheckpointRecord) *chart {
 	return c
 }
 
-func recordTitle(r CheckpointRecord) string {
+func recordTitle(r telemetry.CheckpointRecord) string {
 	if r.Status != "completed" {
-		return fmt.Sprintf("checkpoint %d %s after %s", r.Checkpoint, r.Status, FormatDuration(r.Total))
+		return fmt.Sprintf("checkpoint %d %s after %s", r.Checkpoint, r.Status, human.Duration(r.Total))
 	}
 	return fmt.Sprintf("checkpoint %d: checkpoint size %s, full size %s, %d files uploaded, %d reused, took %s",
-		r.Checkpoint, FormatBytes(r.CheckpointSize), FormatBytes(r.FullSize), r.FilesUploaded, r.FilesReused, FormatDuration(r.Total))
+		r.Checkpoint, human.Bytes(r.CheckpointSize), human.Bytes(r.FullSize), r.FilesUploaded, r.FilesReused, human.Duration(r.Total))
 }
 
 type axisTick struct {
 	value float64
 	label string
 }
-
-var byteUnits = []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB"}
 
 // byteTicks picks about four round ticks from zero past top, in the binary
 // unit that keeps the labels below 1024, and returns them with the axis
@@ -307,7 +309,7 @@ func byteTicks(top int64) ([]axisTick, float64) {
 		top = 1024
 	}
 	unit, div := 0, 1.0
-	for float64(top)/div >= 1024 && unit < len(byteUnits)-1 {
+	for float64(top)/div >= 1024 && unit < len(human.ByteUnits)-1 {
 		unit++
 		div *= 1024
 	}
@@ -337,66 +339,11 @@ func byteTicks(top int64) ([]axisTick, float64) {
 		v := float64(i) * step
 		label := "0"
 		if i > 0 {
-			label = strconv.FormatFloat(v, 'f', prec, 64) + " " + byteUnits[unit]
+			label = strconv.FormatFloat(v, 'f', prec, 64) + " " + human.ByteUnits[unit]
 		}
 		ticks = append(ticks, axisTick{value: v * div, label: label})
 	}
 	return ticks, float64(n) * step * div
-}
-
-// FormatBytes prints n in binary units with three significant digits:
-// 512 B, 1.50 KiB, 12.3 MiB, 100 GiB.
-func FormatBytes(n int64) string {
-	if n < 1024 && n > -1024 {
-		return strconv.FormatInt(n, 10) + " B"
-	}
-	v, unit := float64(n), 0
-	for math.Abs(v) >= 1024 && unit < len(byteUnits)-1 {
-		v /= 1024
-		unit++
-	}
-	return threeDigits(v) + " " + byteUnits[unit]
-}
-
-// FormatRate prints a throughput in bytes per second.
-func FormatRate(bytesPerSecond float64) string {
-	if bytesPerSecond <= 0 || math.IsNaN(bytesPerSecond) || math.IsInf(bytesPerSecond, 0) {
-		return "0 B/s"
-	}
-	return FormatBytes(int64(bytesPerSecond)) + "/s"
-}
-
-// FormatDuration prints d the way an operator reads it: 850 µs, 12.5 ms,
-// 1.25 s, 2m05s, 1h02m.
-func FormatDuration(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "0 s"
-	case d < time.Millisecond:
-		return strconv.FormatInt(d.Microseconds(), 10) + " µs"
-	case d < time.Second:
-		return threeDigits(float64(d)/float64(time.Millisecond)) + " ms"
-	case d < time.Minute:
-		return threeDigits(d.Seconds()) + " s"
-	case d < time.Hour:
-		s := int64(d.Round(time.Second) / time.Second)
-		return fmt.Sprintf("%dm%02ds", s/60, s%60)
-	default:
-		m := int64(d.Round(time.Minute) / time.Minute)
-		return fmt.Sprintf("%dh%02dm", m/60, m%60)
-	}
-}
-
-func threeDigits(v float64) string {
-	a := math.Abs(v)
-	switch {
-	case a < 9.995:
-		return strconv.FormatFloat(v, 'f', 2, 64)
-	case a < 99.95:
-		return strconv.FormatFloat(v, 'f', 1, 64)
-	default:
-		return strconv.FormatFloat(v, 'f', 0, 64)
-	}
 }
 
 func stamp(t time.Time) string {
@@ -417,7 +364,7 @@ func ago(now, t time.Time) string {
 	case d < time.Minute:
 		return strconv.FormatInt(int64(d/time.Second), 10) + " s ago"
 	}
-	return FormatDuration(d.Truncate(time.Second)) + " ago"
+	return human.Duration(d.Truncate(time.Second)) + " ago"
 }
 
 // r1 rounds to a tenth of an SVG unit, which keeps the markup short.
