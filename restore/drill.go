@@ -3,6 +3,7 @@ package restore
 import (
 	"context"
 	"fmt"
+	"github.com/ckpt-io/ckpt/engines"
 	"os"
 	"time"
 
@@ -20,7 +21,7 @@ type DrillOptions struct {
 	Parallelism int
 	// Check, when set, opens the restored store with its engine (named in
 	// the manifest) and reports whether it could.
-	Check    func(ctx context.Context, engine, dir string) (bool, int64, error)
+	Check    func(ctx context.Context, engine, dir string) (engines.Result, error)
 	Progress func(done, total int64)
 }
 
@@ -68,11 +69,11 @@ func Drill(ctx context.Context, o DrillOptions) (*DrillResult, error) {
 		if err != nil {
 			return nil, err
 		}
-		ok, keys, err := o.Check(ctx, m.Engine, target)
+		r, err := o.Check(ctx, m.Engine, target)
 		if err != nil {
 			return nil, fmt.Errorf("drill of task %s checkpoint %d: the files verified but the store does not open: %w", o.Task, res.Checkpoint, err)
 		}
-		out.EngineChecked, out.Keys = ok, keys
+		out.EngineChecked, out.Keys = r.Checked, r.Keys
 	}
 	return out, nil
 }

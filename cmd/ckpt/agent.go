@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/agent"
-	"github.com/ckpt-io/ckpt/engine"
+	"github.com/ckpt-io/ckpt/engines"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage/ratelimit"
 	"github.com/ckpt-io/ckpt/telemetry"
@@ -100,7 +100,7 @@ func runAgent(ctx context.Context, args []string) error {
 		drillStore := ratelimit.New(base, ratelimit.Limits{Download: *drillRate})
 		cfg.DrillInterval = *drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: *job, Task: task, ScratchDir: *scratch, Check: engine.Check})
+			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: *job, Task: task, ScratchDir: *scratch, Check: engines.Check})
 		}
 	}
 	a, err := agent.New(cfg)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"github.com/ckpt-io/ckpt/internal/human"
 
-	"github.com/ckpt-io/ckpt/engine"
+	"github.com/ckpt-io/ckpt/engines"
 	"github.com/ckpt-io/ckpt/restore"
 )
 
@@ -32,7 +32,7 @@ func runDrill(ctx context.Context, args []string) error {
 	defer st.Close()
 	o := restore.DrillOptions{Store: st, Job: *job, Task: *task, ScratchDir: *scratch, Parallelism: *par}
 	if !*noCheck {
-		o.Check = engine.Check
+		o.Check = engines.Check
 	}
 	bar := newProgress(!*asJSON, "drill")
 	o.Progress = bar.update

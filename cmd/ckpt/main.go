@@ -10,6 +10,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	_ "github.com/ckpt-io/ckpt/engines/pebble" // registers the pebble engine
 	"io"
 	"log/slog"
 	"net/url"
