@@ -49,9 +49,12 @@ func TestTheSidecarExampleUsesOnlyRealFlags(t *testing.T) {
 		}
 		sub := c.Args[0]
 		help := runCkpt(t, sub, "--help")
+		if help.Code != 0 {
+			t.Fatalf("ckpt %s --help: exit %d", sub, help.Code)
+		}
 		for _, arg := range c.Args[1:] {
 			name := strings.TrimPrefix(strings.SplitN(arg, "=", 2)[0], "--")
-			if !strings.Contains(string(help.Stderr), "  -"+name+" ") && !strings.Contains(string(help.Stderr), "  -"+name+"\n") {
+			if !strings.Contains(string(help.Stdout), "  -"+name+" ") && !strings.Contains(string(help.Stdout), "  -"+name+"\n") {
 				t.Errorf("container %s: ckpt %s has no flag --%s", c.Name, sub, name)
 			}
 			checked++

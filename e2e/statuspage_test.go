@@ -20,7 +20,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
 )
 
 // chromiumPath is Debian's chromium package; .ci/run installs it.

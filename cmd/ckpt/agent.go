@@ -52,18 +52,15 @@ func runAgent(ctx context.Context, args []string) error {
 	scratch := fs.String("drill-dir", "", "scratch directory for drills (default: the system temp dir)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
-	if err := fs.Parse(args); err != nil {
-		if err == flag.ErrHelp {
-			return err
-		}
-		return usageError{err}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if *config != "" {
 		if err := applyConfig(fs, *config); err != nil {
 			return usageError{err}
 		}
 	}
-	if err := parse(fs, nil, "socket", "storage", "job", "local-dir"); err != nil {
+	if err := checkArgs(fs, "socket", "storage", "job", "local-dir"); err != nil {
 		return err
 	}
 	log, err := newLogger(*logLevel)

@@ -16,6 +16,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -27,8 +28,44 @@ import (
 	_ "github.com/ckpt-io/ckpt/storage/s3"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+// version is set at build time with -ldflags "-X main.version=..."; when it
+// is not, buildVersion reads it from the module's build info.
+var version = ""
+
+// buildVersion is the version this binary reports: the stamped one, else the
+// module version (a tagged `go install`), else the VCS revision the build
+// recorded, else "dev".
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "dev"
+	}
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
+	}
+	var rev, modified string
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			modified = s.Value
+		}
+	}
+	if rev == "" {
+		return "dev"
+	}
+	if len(rev) > 12 {
+		rev = rev[:12]
+	}
+	if modified == "true" {
+		rev += "-dirty"
+	}
+	return "dev-" + rev
+}
 
 type command struct {
 	name    string
@@ -47,7 +84,7 @@ func commands() []command {
 		{"drill", "restore the newest checkpoint from storage into a scratch dir, verify it, time it", runDrill},
 		{"bench", "measure ckpt against full checkpoints, rclone, restic and ldb, and check the targets", runBench},
 		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
-		{"version", "print the version", func(context.Context, []string) error { fmt.Println(version); return nil }},
+		{"version", "print the version (also ckpt --version)", runVersion},
 	}
 }
 
@@ -61,13 +98,17 @@ func main() {
 }
 
 func run(ctx context.Context, args []string) int {
+	version = buildVersion()
 	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	switch {
+	case len(args) == 0:
 		printUsage(os.Stderr, cmds)
-		if len(args) == 0 {
-			return 2
-		}
+		return 2
+	case args[0] == "-h" || args[0] == "--help" || args[0] == "-help" || args[0] == "help":
+		printUsage(os.Stdout, cmds)
 		return 0
+	case args[0] == "--version" || args[0] == "-version":
+		args = []string{"version"}
 	}
 	for _, c := range cmds {
 		if c.name == args[0] {
@@ -106,28 +147,63 @@ func printUsage(w io.Writer, cmds []command) {
 	}
 }
 
+func runVersion(_ context.Context, args []string) error {
+	fs := newFlags("version", "", "ckpt version")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	fmt.Println(version)
+	return nil
+}
+
 // newFlags makes a command's flag set with a usage text and an example.
+// The usage goes to stdout when asked for (--help), to stderr after a
+// mistake (see parse).
 func newFlags(name, synopsis, example string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(os.Stderr, "Usage: ckpt %s %s\n\nFlags:\n", name, synopsis)
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: ckpt %s %s\n\nFlags:\n", name, synopsis)
 		fs.PrintDefaults()
 		if example != "" {
-			fmt.Fprintf(os.Stderr, "\nExample:\n  %s\n", example)
+			fmt.Fprintf(w, "\nExample:\n  %s\n", example)
 		}
 	}
 	return fs
 }
 
-// parse parses flags, refuses stray arguments and checks required flags.
+// parse parses flags (see parseFlags), refuses stray arguments and checks
+// required flags.
 func parse(fs *flag.FlagSet, args []string, required ...string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return checkArgs(fs, required...)
+}
+
+// parseFlags parses args into fs. --help prints the usage to stdout and
+// returns flag.ErrHelp (exit 0); a flag error prints the usage to stderr
+// and returns a usageError (exit 2).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(os.Stdout)
+		fs.Usage()
+		return err
+	case err != nil:
+		fs.SetOutput(os.Stderr)
+		fs.Usage()
 		return usageError{err}
 	}
+	fs.SetOutput(os.Stderr)
+	return nil
+}
+
+// checkArgs refuses stray arguments and reports required flags not set.
+func checkArgs(fs *flag.FlagSet, required ...string) error {
 	if fs.NArg() > 0 {
 		return usageError{fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))}
 	}
