@@ -100,6 +100,9 @@ func (c agentConfig) storageURL() string {
 func (c agentConfig) args() []string {
 	args := []string{"agent", "--socket", c.Socket, "--storage", c.storageURL(),
 		"--job", c.Job, "--local-dir", c.LocalDir, "--log-level", "debug"}
+	if c.Storage == "" {
+		args = append(args, "--create-storage")
+	}
 	for _, r := range c.AllowRoots {
 		args = append(args, "--allow-root", r)
 	}

@@ -152,3 +152,28 @@ func TestASnapshotWithAnEmptyPrivateFileRestores(t *testing.T) {
 	}
 	requireSameFiles(t, snap, target)
 }
+
+// TestAStorageURLTypoFailsTheRestore: as an init container, `ckpt restore
+// --if-checkpoint-exists` with a file:// URL naming a directory that does
+// not exist must fail (exit 1, saying what to check) and create nothing,
+// not report "no checkpoint" and let the app start empty.
+func TestAStorageURLTypoFailsTheRestore(t *testing.T) {
+	dir := t.TempDir()
+	typo := filepath.Join(dir, "ckpt-storag")
+	target := filepath.Join(dir, "data")
+	for _, args := range [][]string{
+		{"restore", "--storage", "file://" + typo, "--job", "j", "--task", "t", "--target", target, "--if-checkpoint-exists", "--json"},
+		{"list", "--storage", "file://" + typo, "--job", "j"},
+		{"gc", "--storage", "file://" + typo, "--job", "j"},
+	} {
+		r := runCkpt(t, args...)
+		if r.Code != 1 || !strings.Contains(string(r.Stderr), "does not exist") {
+			t.Errorf("ckpt %s: exit %d, stderr %q; want exit 1 naming the missing storage", args[0], r.Code, r.Stderr)
+		}
+	}
+	for _, p := range []string{typo, target} {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("%s was created (stat: %v)", p, err)
+		}
+	}
+}

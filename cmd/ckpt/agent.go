@@ -6,7 +6,9 @@ import (
 	"flag"
 	"fmt"
 	"github.com/ckpt-io/ckpt/statuspage"
+	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -50,6 +52,7 @@ func runAgent(ctx context.Context, args []string) error {
 	drillEvery := fs.Duration("drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
 	drillRate := fs.Int64("drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
 	scratch := fs.String("drill-dir", "", "scratch directory for drills (default: the system temp dir)")
+	createStorage := fs.Bool("create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
 	if err := parseFlags(fs, args); err != nil {
@@ -76,6 +79,11 @@ func runAgent(ctx context.Context, args []string) error {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
+	if *createStorage {
+		if err := createFileStorage(*store); err != nil {
+			return err
+		}
+	}
 	base, err := openStore(ctx, *store)
 	if err != nil {
 		return err
@@ -182,4 +190,17 @@ func runTrigger(ctx context.Context, args []string) error {
 		return err
 	}
 	return trigger(ctx, *socket, *task, *n, *dir, *engine, *asJSON)
+}
+
+// createFileStorage creates the directory of a file:// storage URL (for
+// --create-storage); other schemes are left alone.
+func createFileStorage(rawURL string) error {
+	u, err := url.Parse(rawURL)
+	if err != nil || u.Scheme != "file" || !filepath.IsAbs(u.Path) {
+		return nil // storage.Open reports what is wrong with it
+	}
+	if err := os.MkdirAll(u.Path, 0o755); err != nil {
+		return fmt.Errorf("--create-storage: %w", err)
+	}
+	return nil
 }

@@ -31,7 +31,7 @@ func init() {
 		if u.Host != "" && u.Host != "localhost" {
 			return nil, fmt.Errorf("storage URL file://%s%s: a file URL needs an absolute path, as in file:///var/lib/ckpt", u.Host, u.Path)
 		}
-		return New(u.Path)
+		return Open(u.Path)
 	})
 }
 
@@ -48,7 +48,28 @@ var (
 	_ storage.IncompleteCleaner = (*Store)(nil)
 )
 
-// New opens (creating if needed) a store rooted at dir, which must be absolute.
+// Open opens the store rooted at dir, which must be an absolute path to an
+// existing directory: a storage URL with a typo must not turn into an empty
+// store (a restore at pod start would then find "no checkpoint" and the app
+// would start empty). Nothing is created. This is what file:// URLs open.
+func Open(dir string) (*Store, error) {
+	if !filepath.IsAbs(dir) {
+		return nil, fmt.Errorf("file storage %q: path must be absolute", dir)
+	}
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("file storage %s does not exist: check the storage URL for a typo, or create the directory first (ckpt agent --create-storage does)", dir)
+	case err != nil:
+		return nil, fmt.Errorf("file storage: %w (check the path and its permissions)", err)
+	case !fi.IsDir():
+		return nil, fmt.Errorf("file storage %s is not a directory: check the storage URL", dir)
+	}
+	return &Store{root: filepath.Clean(dir)}, nil
+}
+
+// New opens a store rooted at dir, which must be absolute, creating the
+// directory if needed.
 func New(dir string) (*Store, error) {
 	if !filepath.IsAbs(dir) {
 		return nil, fmt.Errorf("file storage %q: path must be absolute", dir)

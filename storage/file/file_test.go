@@ -39,6 +39,24 @@ func TestOpenByURL(t *testing.T) {
 	}
 }
 
+// A file URL naming a directory that does not exist is refused, with a hint,
+// and nothing is created: a typo must not become an empty store.
+func TestOpenByURLRefusesAMissingRoot(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "typo")
+	_, err := storage.Open(context.Background(), "file://"+missing)
+	if err == nil || !bytes.Contains([]byte(err.Error()), []byte("does not exist")) {
+		t.Fatalf("Open of a missing root = %v, want a does-not-exist error", err)
+	}
+	if _, statErr := os.Stat(missing); !os.IsNotExist(statErr) {
+		t.Fatalf("Open created the missing root (stat: %v)", statErr)
+	}
+	notDir := filepath.Join(t.TempDir(), "file")
+	os.WriteFile(notDir, nil, 0o644)
+	if _, err := storage.Open(context.Background(), "file://"+notDir); err == nil {
+		t.Fatal("a file URL naming a regular file was accepted")
+	}
+}
+
 func TestCrashLeftoversAreInvisibleAndCleaned(t *testing.T) {
 	dir := t.TempDir()
 	s, err := New(dir)
