@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Runs every fuzz target of the module for a bounded time each
+# (FUZZTIME, default 10s). Seed corpora live in the tests (f.Add) and in
+# testdata/fuzz/ of each package; a failing input is written there by go
+# test and should be committed with its fix.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+fuzztime="${FUZZTIME:-10s}"
+for pkg in $(go list ./...); do
+  dir=$(go list -f '{{.Dir}}' "$pkg")
+  for target in $(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$dir"/*_test.go 2>/dev/null | sed 's/^func //' | sort -u); do
+    echo "== fuzz $target ($pkg, $fuzztime)"
+    go test -run '^$' -fuzz "^${target}\$" -fuzztime "$fuzztime" "$pkg"
+  done
+done
