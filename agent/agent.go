@@ -21,6 +21,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/telemetry"
@@ -69,8 +70,14 @@ type Config struct {
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
 	Drill         func(ctx context.Context, task string) (*restore.DrillResult, error)
-	// Restore serves the restore op; nil makes the op answer unavailable.
-	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (any, error)
+	// Restore serves the restore op: it restores checkpoint (0: the newest
+	// complete one) of task into target, a directory the agent has
+	// confined to its allowed roots, and returns what it did, which the
+	// restored event carries. An error wrapping a *protocol.Error fails the
+	// op with its code; restore.ErrNoCheckpoint gives not_found,
+	// restore.ErrTargetNotEmpty conflict, anything else internal. nil makes
+	// the op answer unavailable.
+	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (*restore.Result, error)
 }
 
 func (c *Config) defaults() error {
@@ -321,14 +328,14 @@ func (a *Agent) recoverLocal() error {
 }
 
 // resolveDir applies confinement: dir must resolve inside an allowed root.
-func (a *Agent) resolveDir(dir string) (string, *Error) {
+func (a *Agent) resolveDir(dir string) (string, *protocol.Error) {
 	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return "", errorf(CodeBadRequest, "dir %s: %v", dir, err)
+		return "", errorf(protocol.CodeBadRequest, "dir %s: %v", dir, err)
 	}
 	fi, err := os.Stat(resolved)
 	if err != nil || !fi.IsDir() {
-		return "", errorf(CodeBadRequest, "dir %s is not a directory", dir)
+		return "", errorf(protocol.CodeBadRequest, "dir %s is not a directory", dir)
 	}
 	if len(a.cfg.AllowRoots) == 0 {
 		return resolved, nil
@@ -338,15 +345,15 @@ func (a *Agent) resolveDir(dir string) (string, *Error) {
 			return resolved, nil
 		}
 	}
-	return "", errorf(CodeBadRequest, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
+	return "", errorf(protocol.CodeBadRequest, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
 }
 
-func (a *Agent) handle(ctx context.Context, c *conn, req Request) {
+func (a *Agent) handle(ctx context.Context, c *conn, req protocol.Request) {
 	switch req.Op {
 	case "hello":
-		c.send(Event{Event: "hello", ID: req.ID, Protocol: ProtocolVersion, Version: a.cfg.Version})
+		c.send(protocol.Event{Event: "hello", ID: req.ID, Protocol: protocol.ProtocolVersion, Version: a.cfg.Version})
 	case "status":
-		c.send(Event{Event: "status", ID: req.ID, Tasks: ptr(a.status(req.Task))})
+		c.send(protocol.Event{Event: "status", ID: req.ID, Tasks: a.status(req.Task)})
 	case "checkpoint":
 		a.checkpoint(c, req)
 	case "abort":
@@ -356,15 +363,15 @@ func (a *Agent) handle(ctx context.Context, c *conn, req Request) {
 	}
 }
 
-func (a *Agent) status(only string) []TaskStatus {
+func (a *Agent) status(only string) []protocol.TaskStatus {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := []TaskStatus{}
+	out := []protocol.TaskStatus{}
 	for name, t := range a.tasks {
 		if only != "" && name != only {
 			continue
 		}
-		out = append(out, TaskStatus{
+		out = append(out, protocol.TaskStatus{
 			Task: name, LastCompleted: t.lastCompleted,
 			LastCheckpointSize: t.lastSize, LastFullSize: t.lastFull,
 			InFlight: len(t.inflight),
@@ -374,22 +381,22 @@ func (a *Agent) status(only string) []TaskStatus {
 	return out
 }
 
-func (a *Agent) restore(ctx context.Context, c *conn, req Request) {
+func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 	if a.cfg.Restore == nil {
-		c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Error: errorf(CodeUnavailable, "this agent does not serve restores")})
+		c.send(protocol.Event{Event: "error", ID: req.ID, Task: req.Task, Error: errorf(protocol.CodeUnavailable, "this agent does not serve restores")})
 		return
 	}
 	// The target is confined like a checkpoint dir: it need not exist, but
 	// its parent must resolve inside an allowed root.
 	parent, perr := a.resolveDir(filepath.Dir(filepath.Clean(req.Target)))
 	if perr != nil {
-		c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: perr})
+		c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: perr})
 		return
 	}
 	target := filepath.Join(parent, filepath.Base(filepath.Clean(req.Target)))
 	if fi, err := os.Lstat(target); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
-			Error: errorf(CodeBadRequest, "target %s is a symlink", req.Target)})
+		c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+			Error: errorf(protocol.CodeBadRequest, "target %s is a symlink", req.Target)})
 		return
 	}
 	a.jobs.Add(1)
@@ -397,19 +404,19 @@ func (a *Agent) restore(ctx context.Context, c *conn, req Request) {
 		defer a.jobs.Done()
 		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, target)
 		if err != nil {
-			code := CodeInternal
-			var pe *Error
+			code := protocol.CodeInternal
+			var pe *protocol.Error
 			switch {
 			case errors.As(err, &pe):
 				code = pe.Code
 			case errors.Is(err, restore.ErrNoCheckpoint):
-				code = CodeNotFound
+				code = protocol.CodeNotFound
 			case errors.Is(err, restore.ErrTargetNotEmpty):
-				code = CodeConflict
+				code = protocol.CodeConflict
 			}
-			c.send(Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &Error{Code: code, Message: err.Error()}})
+			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &protocol.Error{Code: code, Message: err.Error()}})
 			return
 		}
-		c.sendRaw(restoredEvent(req.ID, res))
+		c.send(protocol.Event{Event: "restored", ID: req.ID, Restored: restored(res)})
 	}()
 }

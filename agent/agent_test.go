@@ -20,6 +20,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/file"
@@ -221,7 +222,7 @@ func TestStaleAndDuplicateCheckpointNumbersConflict(t *testing.T) {
 	for _, n := range []uint64{5, 3} {
 		_, err := c.Checkpoint(ctxT(t), "t1", n, dir, "")
 		var ce *client.Error
-		if !errors.As(err, &ce) || ce.Code != CodeConflict {
+		if !errors.As(err, &ce) || ce.Code != protocol.CodeConflict {
 			t.Fatalf("checkpoint %d after 5: got %v, want conflict", n, err)
 		}
 	}
@@ -303,12 +304,12 @@ func TestBadInputGetsBadRequestAndChangesNothing(t *testing.T) {
 		{"a snapshot holding a symlink", `{"op":"checkpoint","task":"t","checkpoint":1,"dir":"` + withLink + `"}`},
 		{"a snapshot holding a named pipe", `{"op":"checkpoint","task":"t","checkpoint":1,"dir":"` + withFifo + `"}`},
 		{"a snapshot holding a directory", `{"op":"checkpoint","task":"t","checkpoint":1,"dir":"` + withDir + `"}`},
-		{"a line over 1 MiB", `{"op":"hello","pad":"` + strings.Repeat("x", MaxLine+10) + `"}`},
+		{"a line over 1 MiB", `{"op":"hello","pad":"` + strings.Repeat("x", protocol.MaxLine+10) + `"}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			ev := r.send(tc.line)
-			if code(ev) != CodeBadRequest {
+			if code(ev) != protocol.CodeBadRequest {
 				t.Fatalf("reply %v, want code bad_request", ev)
 			}
 			if hello := r.send(`{"op":"hello","id":7}`); hello["event"] != "hello" || hello["protocol"] != float64(1) || hello["id"] != float64(7) {
@@ -349,7 +350,7 @@ func TestAbortStopsAnInFlightCheckpoint(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(h.local, "job", "t1", fmt.Sprintf("%020d", 1))); !os.IsNotExist(err) {
 		t.Fatal("aborted checkpoint's local copy was kept")
 	}
-	if _, err := c.Abort(ctxT(t), "t1", 1); err == nil || !strings.Contains(err.Error(), CodeNotFound) {
+	if _, err := c.Abort(ctxT(t), "t1", 1); err == nil || !strings.Contains(err.Error(), protocol.CodeNotFound) {
 		t.Fatalf("second abort: %v, want not_found", err)
 	}
 	g.release()
@@ -394,7 +395,7 @@ func TestSyncPhasesQueueUpToABound(t *testing.T) {
 	dir := h.snapshot("s4", map[string]int{"000004.sst": 1000})
 	_, err := c.Checkpoint(ctxT(t), "t1", 4, dir, "")
 	var ce *client.Error
-	if !errors.As(err, &ce) || ce.Code != CodeUnavailable {
+	if !errors.As(err, &ce) || ce.Code != protocol.CodeUnavailable {
 		t.Fatalf("checkpoint beyond the queue bound: %v, want unavailable", err)
 	}
 	g.release()
@@ -426,7 +427,7 @@ func TestShutdownFinishesInFlightWork(t *testing.T) {
 	}
 	_, err = c.Checkpoint(ctxT(t), "t1", 2, dir, "")
 	var ce *client.Error
-	if !errors.As(err, &ce) || ce.Code != CodeUnavailable {
+	if !errors.As(err, &ce) || ce.Code != protocol.CodeUnavailable {
 		t.Fatalf("new checkpoint while stopping: %v, want unavailable", err)
 	}
 	g.release()
@@ -452,7 +453,7 @@ func TestShutdownGraceAbortsStuckWork(t *testing.T) {
 	h.cancel()
 	ev, err := p.Wait(ctxT(t))
 	var ce *client.Error
-	if !errors.As(err, &ce) || ce.Code != CodeUnavailable {
+	if !errors.As(err, &ce) || ce.Code != protocol.CodeUnavailable {
 		t.Fatalf("stuck checkpoint at shutdown: %v %+v, want unavailable", err, ev)
 	}
 }
@@ -561,7 +562,7 @@ func TestAHandedOffSnapshotIsMovedNotLinked(t *testing.T) {
 func TestTheRestoreOpRestoresInsideTheRootsOnly(t *testing.T) {
 	var h *harness
 	h = start(t, nil, func(c *Config) {
-		c.Restore = func(ctx context.Context, task string, n uint64, target string) (any, error) {
+		c.Restore = func(ctx context.Context, task string, n uint64, target string) (*restore.Result, error) {
 			return restore.Run(ctx, restore.Options{Store: h.store, Job: "job", Task: task, Checkpoint: n, Target: target, LocalDir: h.local})
 		}
 	})
@@ -583,14 +584,14 @@ func TestTheRestoreOpRestoresInsideTheRootsOnly(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(target, "CURRENT")); len(b) != 10 {
 		t.Fatal("restored store lacks CURRENT")
 	}
-	if ev := r.send(`{"op":"restore","task":"t1","target":"` + target + `"}`); code(ev) != CodeConflict {
+	if ev := r.send(`{"op":"restore","task":"t1","target":"` + target + `"}`); code(ev) != protocol.CodeConflict {
 		t.Fatalf("restore into a non-empty target: %v", ev)
 	}
-	if ev := r.send(`{"op":"restore","task":"nobody","target":"` + filepath.Join(h.root, "x") + `"}`); code(ev) != CodeNotFound {
+	if ev := r.send(`{"op":"restore","task":"nobody","target":"` + filepath.Join(h.root, "x") + `"}`); code(ev) != protocol.CodeNotFound {
 		t.Fatalf("restore of a task without checkpoints: %v", ev)
 	}
 	outside := filepath.Join(t.TempDir(), "evil")
-	if ev := r.send(`{"op":"restore","task":"t1","target":"` + outside + `"}`); code(ev) != CodeBadRequest {
+	if ev := r.send(`{"op":"restore","task":"t1","target":"` + outside + `"}`); code(ev) != protocol.CodeBadRequest {
 		t.Fatalf("restore outside the roots: %v", ev)
 	}
 	if _, err := os.Stat(outside); !os.IsNotExist(err) {

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/protocol"
+	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
@@ -46,7 +47,7 @@ type task struct {
 // checkpoint is one checkpoint in flight.
 type checkpoint struct {
 	t      *task
-	req    Request
+	req    protocol.Request
 	c      *conn
 	start  time.Time
 	synced time.Time
@@ -72,14 +73,14 @@ func (a *Agent) taskLocked(name string) *task {
 	return t
 }
 
-func failed(req Request, e *Error) Event {
-	return Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: e}
+func failed(req protocol.Request, e *protocol.Error) protocol.Event {
+	return protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: e}
 }
 
 // checkpoint runs the sync phase in the caller's goroutine and queues the
 // async phase. Everything before "synced" is local: confinement, the queue
 // bound, and hard links. No hashing, no network, no fsync.
-func (a *Agent) checkpoint(c *conn, req Request) {
+func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	start := time.Now()
 	dir, perr := a.resolveDir(req.Dir)
 	if perr != nil {
@@ -89,22 +90,22 @@ func (a *Agent) checkpoint(c *conn, req Request) {
 	a.mu.Lock()
 	if a.draining {
 		a.mu.Unlock()
-		c.send(failed(req, errorf(CodeUnavailable, "the agent is shutting down")))
+		c.send(failed(req, errorf(protocol.CodeUnavailable, "the agent is shutting down")))
 		return
 	}
 	t := a.taskLocked(req.Task)
 	switch {
 	case req.Checkpoint <= t.lastCompleted:
 		a.mu.Unlock()
-		c.send(failed(req, errorf(CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)))
+		c.send(failed(req, errorf(protocol.CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)))
 		return
 	case t.inflight[req.Checkpoint] != nil:
 		a.mu.Unlock()
-		c.send(failed(req, errorf(CodeConflict, "checkpoint %d of task %s is already in flight", req.Checkpoint, req.Task)))
+		c.send(failed(req, errorf(protocol.CodeConflict, "checkpoint %d of task %s is already in flight", req.Checkpoint, req.Task)))
 		return
 	case len(t.pending) >= a.cfg.MaxQueued:
 		a.mu.Unlock()
-		c.send(failed(req, errorf(CodeUnavailable, "task %s already has %d checkpoints queued behind the running one (limit --max-queued); retry later", req.Task, len(t.pending))))
+		c.send(failed(req, errorf(protocol.CodeUnavailable, "task %s already has %d checkpoints queued behind the running one (limit --max-queued); retry later", req.Task, len(t.pending))))
 		return
 	}
 	ctx, cancel := context.WithCancel(telemetry.ContextWithTraceparent(a.jobsCtx, req.Traceparent))
@@ -121,9 +122,9 @@ func (a *Agent) checkpoint(c *conn, req Request) {
 	syncSpan.End()
 	if err != nil {
 		var bad *localrecovery.BadFileError
-		e := errorf(CodeInternal, "sync phase: %v", err)
+		e := errorf(protocol.CodeInternal, "sync phase: %v", err)
 		if errors.As(err, &bad) {
-			e = errorf(CodeBadRequest, "%v", err)
+			e = errorf(protocol.CodeBadRequest, "%v", err)
 		}
 		c.send(failed(req, e))
 		a.ended(ck, "failed", e)
@@ -137,7 +138,7 @@ func (a *Agent) checkpoint(c *conn, req Request) {
 	ck.snap = snap
 	ck.synced = time.Now()
 	syncMS := ck.synced.Sub(start).Milliseconds()
-	c.send(Event{Event: "synced", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, SyncMS: &syncMS})
+	c.send(protocol.Event{Event: "synced", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, SyncMS: syncMS})
 
 	a.mu.Lock()
 	t.pending = append(t.pending, ck)
@@ -201,22 +202,22 @@ func (a *Agent) run(ck *checkpoint) {
 	defer a.finish(ck, true)
 	switch {
 	case aborted:
-		ck.c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+		ck.c.send(protocol.Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
 		a.ended(ck, "aborted", err)
 	case ck.ctx.Err() != nil:
-		e := errorf(CodeUnavailable, "the agent shut down before checkpoint %d completed", req.Checkpoint)
+		e := errorf(protocol.CodeUnavailable, "the agent shut down before checkpoint %d completed", req.Checkpoint)
 		ck.c.send(failed(req, e))
 		a.ended(ck, "aborted", e)
 	default:
-		e := &Error{Code: CodeInternal, Message: err.Error()}
-		var pe *Error
+		e := &protocol.Error{Code: protocol.CodeInternal, Message: err.Error()}
+		var pe *protocol.Error
 		switch {
 		case errors.As(err, &pe):
 			e = pe
 		case errors.Is(err, manifests.ErrConflict):
-			e.Code = CodeConflict
+			e.Code = protocol.CodeConflict
 		case retry.Transient(err):
-			e.Code = CodeUnavailable // storage outage or throttling: retry later
+			e.Code = protocol.CodeUnavailable // storage outage or throttling: retry later
 		}
 		ck.c.send(failed(req, e))
 		a.ended(ck, "failed", e)
@@ -297,24 +298,24 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 }
 
 // upload is the async phase proper: dedup, transfer, then the manifest.
-func (a *Agent) upload(ck *checkpoint) (Event, error) {
+func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	ctx, req, t := ck.ctx, ck.req, ck.t
 	// The files themselves are checked now, before anything is read: the
 	// sync phase only looked at directory entries.
 	if err := ck.snap.Inspect(); err != nil {
 		var bad *localrecovery.BadFileError
 		if errors.As(err, &bad) {
-			return Event{}, errorf(CodeBadRequest, "%v", err)
+			return protocol.Event{}, errorf(protocol.CodeBadRequest, "%v", err)
 		}
-		return Event{}, err
+		return protocol.Event{}, err
 	}
 	if err := a.load(ctx, t); err != nil {
-		return Event{}, fmt.Errorf("read the task's checkpoints from storage: %w", err)
+		return protocol.Event{}, fmt.Errorf("read the task's checkpoints from storage: %w", err)
 	}
 	a.mu.Lock()
 	if req.Checkpoint <= t.lastCompleted {
 		a.mu.Unlock()
-		return Event{}, errorf(CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)
+		return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)
 	}
 	confirmed := map[string]string{}
 	for _, m := range t.retained {
@@ -337,7 +338,7 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	if err != nil {
 		upSpan.SetStatus(codes.Error, err.Error())
 		upSpan.End()
-		return Event{}, err
+		return protocol.Event{}, err
 	}
 	upSpan.SetAttributes(attribute.Int64("ckpt.bytes_uploaded", res.BytesWritten), attribute.Int64("ckpt.bytes_hashed", res.BytesHashed),
 		attribute.Int("ckpt.files_uploaded", res.FilesUploaded), attribute.Int("ckpt.files_reused", res.FilesReused))
@@ -349,7 +350,7 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 		for _, f := range res.Files {
 			if f.Kind == manifests.Shared && !f.Uploaded {
 				if _, err := a.cfg.Store.Stat(ctx, f.Key); err != nil {
-					return Event{}, fmt.Errorf("reused object of %s vanished during a long upload (raise --gc-grace): %w", f.Name, err)
+					return protocol.Event{}, fmt.Errorf("reused object of %s vanished during a long upload (raise --gc-grace): %w", f.Name, err)
 				}
 			}
 		}
@@ -368,29 +369,29 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	}
 	encoded, err := m.Encode(res.BytesWritten)
 	if err != nil {
-		return Event{}, err
+		return protocol.Event{}, err
 	}
 	// Objects first, manifest last: the checkpoint exists from this write on.
 	if err := ctx.Err(); err != nil {
-		return Event{}, err
+		return protocol.Event{}, err
 	}
 	_, commitSpan := telemetry.Tracer().Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = a.commit(ctx, m, encoded)
 	commitSpan.End()
 	if err != nil {
 		if errors.Is(err, manifests.ErrConflict) {
-			return Event{}, errorf(CodeConflict, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
+			return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
 		}
-		return Event{}, err
+		return protocol.Event{}, err
 	}
 	a.committed(t, m, encoded, ck.snap)
 	dur := time.Since(ck.start).Milliseconds()
 	ck.result = telemetry.CheckpointRecord{CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
 		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, BytesUploaded: m.CheckpointSize}
-	return Event{
+	return protocol.Event{
 		Event: "completed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
-		CheckpointSize: ptr(m.CheckpointSize), FullSize: ptr(m.FullSize),
-		FilesUploaded: ptr(m.FilesUploaded), FilesReused: ptr(m.FilesReused), DurationMS: ptr(dur),
+		CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
+		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, DurationMS: dur,
 	}, nil
 }
 
@@ -485,7 +486,7 @@ func (a *Agent) maybeSweep() {
 }
 
 // abort cancels an in-flight checkpoint and answers once it has stopped.
-func (a *Agent) abort(c *conn, req Request) {
+func (a *Agent) abort(c *conn, req protocol.Request) {
 	a.mu.Lock()
 	var ck *checkpoint
 	if t := a.tasks[req.Task]; t != nil {
@@ -493,8 +494,8 @@ func (a *Agent) abort(c *conn, req Request) {
 	}
 	if ck == nil {
 		a.mu.Unlock()
-		c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
-			Error: errorf(CodeNotFound, "checkpoint %d of task %s is not in flight", req.Checkpoint, req.Task)})
+		c.send(protocol.Event{Event: "error", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+			Error: errorf(protocol.CodeNotFound, "checkpoint %d of task %s is not in flight", req.Checkpoint, req.Task)})
 		return
 	}
 	ck.aborted = true
@@ -505,8 +506,8 @@ func (a *Agent) abort(c *conn, req Request) {
 			a.local.Discard(req.Task, req.Checkpoint)
 			a.ended(ck, "aborted", errors.New("aborted while queued"))
 			a.finish(ck, false)
-			ck.c.send(Event{Event: "aborted", ID: ck.req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
-			c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+			ck.c.send(protocol.Event{Event: "aborted", ID: ck.req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+			c.send(protocol.Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
 			return
 		}
 	}
@@ -515,24 +516,29 @@ func (a *Agent) abort(c *conn, req Request) {
 	go func() {
 		<-ck.done
 		if ck.completed {
-			c.send(Event{Event: "error", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
-				Error: errorf(CodeConflict, "checkpoint %d of task %s completed before the abort took effect", req.Checkpoint, req.Task)})
+			c.send(protocol.Event{Event: "error", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+				Error: errorf(protocol.CodeConflict, "checkpoint %d of task %s completed before the abort took effect", req.Checkpoint, req.Task)})
 			return
 		}
-		c.send(Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
+		c.send(protocol.Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
 	}()
 }
 
-// restoredEvent builds the restored event: the restore result's fields
-// with the event name and id.
-func restoredEvent(id any, res any) map[string]any {
-	out := map[string]any{}
-	if b, err := json.Marshal(res); err == nil {
-		json.Unmarshal(b, &out)
+// restored is the restored event's part of a restore's result: the fields
+// of `ckpt restore --json`. nil stays nil.
+func restored(res *restore.Result) *protocol.Restored {
+	if res == nil {
+		return nil
 	}
-	out["event"] = "restored"
-	if id != nil {
-		out["id"] = id
+	return &protocol.Restored{
+		Restored: res.Restored, Reason: res.Reason, Task: res.Task, Checkpoint: res.Checkpoint,
+		Files: res.Files, Bytes: res.Bytes, BytesLocal: res.BytesLocal, BytesRemote: res.BytesRemote,
+		FilesLocal: res.FilesLocal, FilesRemote: res.FilesRemote, LocalFallbacks: res.LocalFallbacks,
+		LocalVerification: res.LocalVerification, Moved: res.Moved, DurationMS: res.DurationMS, Target: res.Target,
 	}
-	return out
+}
+
+// errorf returns a *protocol.Error with the given code and message.
+func errorf(code, format string, args ...any) *protocol.Error {
+	return protocol.Errorf(code, format, args...)
 }

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ckpt-io/ckpt/protocol"
 )
 
 // listen creates the agent's Unix socket with mode 0660. A live socket of
@@ -59,7 +61,7 @@ type conn struct {
 	dead bool
 }
 
-func (c *conn) send(ev Event) {
+func (c *conn) send(ev protocol.Event) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.dead {
@@ -72,20 +74,7 @@ func (c *conn) send(ev Event) {
 	}
 }
 
-// sendRaw writes a pre-built JSON object (restore events).
-func (c *conn) sendRaw(v any) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.dead {
-		return
-	}
-	c.c.SetWriteDeadline(time.Now().Add(10 * time.Second))
-	if err := c.enc.Encode(v); err != nil {
-		c.dead = true
-	}
-}
-
-// readLine reads one line of at most MaxLine bytes. A longer line is
+// readLine reads one line of at most protocol.MaxLine bytes. A longer line is
 // consumed up to its newline and reported with tooLong, so the connection
 // stays usable after it.
 func readLine(r *bufio.Reader) (line []byte, tooLong bool, err error) {
@@ -98,7 +87,7 @@ func readLine(r *bufio.Reader) (line []byte, tooLong bool, err error) {
 			return nil, false, err
 		}
 		if !tooLong {
-			if len(line)+len(chunk) > MaxLine {
+			if len(line)+len(chunk) > protocol.MaxLine {
 				tooLong, line = true, nil
 			} else {
 				line = append(line, chunk...)
@@ -127,15 +116,15 @@ func (a *Agent) serveConn(ctx context.Context, nc net.Conn) {
 			return
 		}
 		if tooLong {
-			c.send(Event{Event: "error", Error: errorf(CodeBadRequest, "line exceeds the %d byte limit", MaxLine)})
+			c.send(protocol.Event{Event: "error", Error: errorf(protocol.CodeBadRequest, "line exceeds the %d byte limit", protocol.MaxLine)})
 			continue
 		}
 		if len(line) == 0 {
 			continue // blank lines are keep-alives
 		}
-		req, perr := DecodeRequest(line)
+		req, perr := protocol.DecodeRequest(line)
 		if perr != nil {
-			c.send(Event{Event: "error", ID: req.ID, Error: perr})
+			c.send(protocol.Event{Event: "error", ID: req.ID, Error: perr})
 			continue
 		}
 		a.handle(ctx, c, req)

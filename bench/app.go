@@ -16,11 +16,12 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/client/pebble"
 )
 
 // appThroughput runs the workload in phases off, on, on, off (twice) of equal
 // length; in the "on" phases it takes a checkpoint every interval the way an
-// app does, from its own goroutine, with client.CheckpointPebble (a Pebble
+// app does, from its own goroutine, with pebble.Checkpoint (a Pebble
 // checkpoint with the WAL tail, handed off, until synced), while the agent
 // uploads the previous ones in the background. The write rate is writes
 // over wall-clock time. The pause figures are the checkpoint goroutine's
@@ -206,7 +207,7 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 		// (as the agent removes the copy a newer checkpoint replaces: the
 		// next one does not wait for it), or handed to the copying control,
 		// which removes it.
-		fig.Agent = "no agent: Pebble's checkpoint every interval (client.PebbleSnapshot, as CheckpointPebble makes it)"
+		fig.Agent = "no agent: Pebble's checkpoint every interval (pebble.Snapshot, as pebble.Checkpoint makes it)"
 		var cp *copyLoadProc
 		switch {
 		case m.copyDir != "":
@@ -224,7 +225,7 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 			fig.Agent += ", removed at once"
 		}
 		take = func(n uint64) (*taken, error) {
-			dir, err := client.PebbleSnapshot(r.w.DB(), r.w.Dir(), n)
+			dir, err := pebble.Snapshot(r.w.DB(), r.w.Dir(), n)
 			if err != nil {
 				return nil, err
 			}
@@ -258,7 +259,7 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 			storagePID = r.tgt.pid
 		}
 		take = func(n uint64) (*taken, error) {
-			pend, err := sc.client.CheckpointPebble(ctx, r.w.DB(), r.w.Dir(), task, n)
+			pend, err := pebble.Checkpoint(ctx, sc.client, r.w.DB(), r.w.Dir(), task, n)
 			if err != nil {
 				return nil, err
 			}

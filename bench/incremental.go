@@ -55,7 +55,7 @@ func isShared(name string) bool {
 }
 
 // snapshot flushes the memtable and makes a Pebble checkpoint (with the
-// flushed WAL) in a fresh dir, as client.CheckpointPebble does, and lists it.
+// flushed WAL) in a fresh dir, as client/pebble's Checkpoint does, and lists it.
 func (r *run) snapshot(dir string) ([]snapFile, error) {
 	if err := r.w.DB().Flush(); err != nil {
 		return nil, fmt.Errorf("flush: %w", err)
@@ -120,7 +120,7 @@ type sent struct {
 
 // send checkpoints dir as checkpoint n of tsk through agent p and waits for
 // the end. With handoff the agent takes dir over (one rename, as
-// client.CheckpointPebble does); without, it hard-links every file.
+// client/pebble's Checkpoint does); without, it hard-links every file.
 func send(ctx context.Context, p *inproc, tsk string, n uint64, dir string, handoff bool) (sent, error) {
 	b0, _ := p.count.written()
 	t0 := time.Now()
@@ -192,7 +192,7 @@ func (r *run) incremental(ctx context.Context) error {
 			}
 		}
 		// Both agents get the snapshot as an app hands it off (the way
-		// client.CheckpointPebble does): the full-upload agent gets a
+		// client/pebble's Checkpoint does): the full-upload agent gets a
 		// hard-linked clone, made before anything is timed.
 		fullDir := dir + "-full"
 		if full != nil {

@@ -16,7 +16,7 @@ import (
 // hard links to a pool of files (as an engine checkpoint is), plus one new
 // SST and the private files, and sent to an agent; the next is sent once
 // the previous completed. Each size is measured with handoff (the agent
-// renames the dir, as client.CheckpointPebble asks) and with links.
+// renames the dir, as client/pebble's Checkpoint asks) and with links.
 //
 // The agent is a separate process at nice 10, as a sidecar with a lower
 // CPU weight than its app is (the app section runs it the same way). In

@@ -277,7 +277,7 @@ type PeerIncrement struct {
 }
 
 // Pause is the app's pause at a number of files in the snapshot. Mode is
-// "handoff" (the agent renames the dir: what client.CheckpointPebble
+// "handoff" (the agent renames the dir: what client/pebble's Checkpoint
 // sends) or "link" (the agent hard-links every file; the app keeps dir).
 type Pause struct {
 	Files   int       `json:"files"`

@@ -1,6 +1,10 @@
 // Package client talks to a ckpt agent over its Unix socket (protocol v1).
 // A Client is safe for concurrent use: each request gets its own id, and a
 // reader goroutine routes the agent's events to the request they answer.
+//
+// The package depends on the standard library and package protocol only,
+// so an app can link it without storage, engines or telemetry. Package
+// client/pebble adds the helpers for apps on Pebble.
 package client
 
 import (
@@ -12,36 +16,26 @@ import (
 	"net"
 	"strconv"
 	"sync"
+
+	"github.com/ckpt-io/ckpt/protocol"
 )
 
-// Error is an error event from the agent.
-type Error struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
+// Error is an error event from the agent: failed and error events are
+// returned as an *Error (protocol.Error) carrying the agent's code and
+// message; errors.As finds it.
+type Error = protocol.Error
 
-func (e *Error) Error() string { return fmt.Sprintf("agent: %s: %s", e.Code, e.Message) }
+// Event is any event the agent sends (protocol.Event): fields absent from
+// an event are zero, and Raw keeps the event as sent.
+type Event = protocol.Event
 
-// Event is any event the agent sends; fields absent from an event are zero.
-// Raw keeps the line as sent.
-type Event struct {
-	Event          string          `json:"event"`
-	ID             string          `json:"id"`
-	Protocol       int             `json:"protocol"`
-	Version        string          `json:"version"`
-	Task           string          `json:"task"`
-	Checkpoint     uint64          `json:"checkpoint"`
-	SyncMS         int64           `json:"sync_ms"`
-	CheckpointSize int64           `json:"checkpoint_size"`
-	FullSize       int64           `json:"full_size"`
-	FilesUploaded  int             `json:"files_uploaded"`
-	FilesReused    int             `json:"files_reused"`
-	DurationMS     int64           `json:"duration_ms"`
-	Error          *Error          `json:"error"`
-	Raw            json.RawMessage `json:"-"`
-}
+// Request is a checkpoint request with every option of the protocol
+// (protocol.Request). Send sets its Op and ID itself and sends no Target
+// (a restore field).
+type Request = protocol.Request
 
-// Client is a connection to an agent.
+// Client is one connection to an agent. It is safe for concurrent use;
+// requests on it are answered independently, each matched by its id.
 type Client struct {
 	conn net.Conn
 	wmu  sync.Mutex
@@ -53,7 +47,9 @@ type Client struct {
 	done    chan struct{}
 }
 
-// Dial connects to the agent's socket.
+// Dial connects to the agent listening on the Unix socket at path socket.
+// It sends nothing; the error of a failed connection says which socket
+// was tried.
 func Dial(ctx context.Context, socket string) (*Client, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
@@ -65,7 +61,9 @@ func Dial(ctx context.Context, socket string) (*Client, error) {
 	return c, nil
 }
 
-// Close closes the connection; pending calls return an error.
+// Close closes the connection and waits for its reader to stop; calls
+// waiting for an answer return an error. Checkpoints already past synced
+// go on in the agent.
 func (c *Client) Close() error {
 	err := c.conn.Close()
 	<-c.done
@@ -83,24 +81,11 @@ func (c *Client) read() {
 			break
 		}
 		var ev Event
-		var idv struct {
-			ID any `json:"id"`
-		}
-		if json.Unmarshal(line, &struct {
-			*Event
-			ID *any `json:"id"`
-		}{&ev, &idv.ID}) != nil {
+		if json.Unmarshal(line, &ev) != nil {
 			continue
 		}
-		switch v := idv.ID.(type) {
-		case string:
-			ev.ID = v
-		case float64:
-			ev.ID = strconv.FormatFloat(v, 'f', -1, 64)
-		}
-		ev.Raw = append(json.RawMessage(nil), line...)
 		c.mu.Lock()
-		ch := c.waiters[ev.ID]
+		ch := c.waiters[idKey(ev.ID)]
 		c.mu.Unlock()
 		if ch != nil {
 			ch <- ev
@@ -115,8 +100,20 @@ func (c *Client) read() {
 	c.mu.Unlock()
 }
 
+// idKey is the waiter key of an event's id: the id as a string, numbers
+// as written; "" for none.
+func idKey(id any) string {
+	switch v := id.(type) {
+	case string:
+		return v
+	case json.Number:
+		return v.String()
+	}
+	return ""
+}
+
 // send registers a waiter and writes the request with a fresh id.
-func (c *Client) send(req map[string]any) (string, chan Event, error) {
+func (c *Client) send(req protocol.Request) (string, chan Event, error) {
 	c.mu.Lock()
 	if c.err != nil {
 		c.mu.Unlock()
@@ -127,7 +124,7 @@ func (c *Client) send(req map[string]any) (string, chan Event, error) {
 	ch := make(chan Event, 4)
 	c.waiters[id] = ch
 	c.mu.Unlock()
-	req["id"] = id
+	req.ID = id
 	b, err := json.Marshal(req)
 	if err != nil {
 		c.forget(id)
@@ -165,7 +162,7 @@ func (c *Client) wait(ctx context.Context, ch chan Event) (Event, error) {
 }
 
 // call sends a request and returns its one reply, or the agent's error.
-func (c *Client) call(ctx context.Context, req map[string]any) (Event, error) {
+func (c *Client) call(ctx context.Context, req protocol.Request) (Event, error) {
 	id, ch, err := c.send(req)
 	if err != nil {
 		return Event{}, err
@@ -181,30 +178,35 @@ func (c *Client) call(ctx context.Context, req map[string]any) (Event, error) {
 	return ev, nil
 }
 
-// Hello returns the agent's hello event (protocol and version).
+// Hello returns the agent's hello event: Protocol is its protocol version
+// (protocol.ProtocolVersion for this package) and Version its version.
 func (c *Client) Hello(ctx context.Context) (Event, error) {
-	return c.call(ctx, map[string]any{"op": "hello"})
+	return c.call(ctx, protocol.Request{Op: "hello"})
 }
 
-// Status returns the agent's status event as sent.
+// Status returns the agent's status event: Tasks holds the task named,
+// or every task the agent knows when task is "". An error event (a
+// bad_request for an invalid name) is returned as an *Error.
 func (c *Client) Status(ctx context.Context, task string) (Event, error) {
-	req := map[string]any{"op": "status"}
-	if task != "" {
-		req["task"] = task
-	}
-	return c.call(ctx, req)
+	return c.call(ctx, protocol.Request{Op: "status", Task: task})
 }
 
-// Abort asks the agent to stop an in-flight checkpoint.
+// Abort asks the agent to stop checkpoint n of task, which must be in
+// flight, and returns the aborted event once it stopped; the checkpoint's
+// own Pending.Wait then returns ErrAborted. A checkpoint not in flight
+// (not_found) or one that completed first (conflict) is returned as an
+// *Error.
 func (c *Client) Abort(ctx context.Context, task string, n uint64) (Event, error) {
-	return c.call(ctx, map[string]any{"op": "abort", "task": task, "checkpoint": n})
+	return c.call(ctx, protocol.Request{Op: "abort", Task: task, Checkpoint: n})
 }
 
 // ErrAborted is returned by Pending.Wait for a checkpoint that was aborted.
 var ErrAborted = errors.New("checkpoint aborted")
 
-// Pending is a checkpoint past its sync phase.
+// Pending is a checkpoint past its sync phase: the agent holds its own
+// copy of the snapshot, and uploads it.
 type Pending struct {
+	// Synced is the agent's synced event; SyncMS is the sync phase's length.
 	Synced Event
 	c      *Client
 	id     string
@@ -219,34 +221,11 @@ func (c *Client) Checkpoint(ctx context.Context, task string, n uint64, dir stri
 	return c.Send(ctx, Request{Task: task, Checkpoint: n, Dir: dir, Engine: engine})
 }
 
-// Request is a checkpoint request with every option of the protocol.
-type Request struct {
-	Task       string
-	Checkpoint uint64
-	Dir        string
-	Engine     string
-	// Handoff gives Dir to the agent, which moves it into its local store
-	// in one rename instead of hard-linking each file: the app's pause no
-	// longer grows with the number of files. Dir is gone after synced.
-	Handoff bool
-	// Traceparent makes the agent's checkpoint span a child of the app's.
-	Traceparent string
-}
-
-// Send sends a checkpoint request and returns once the agent answers
-// synced; see Checkpoint.
+// Send sends r as a checkpoint request and returns once the agent answers
+// synced; see Checkpoint. With r.Handoff the agent takes r.Dir over.
 func (c *Client) Send(ctx context.Context, r Request) (*Pending, error) {
-	req := map[string]any{"op": "checkpoint", "task": r.Task, "checkpoint": r.Checkpoint, "dir": r.Dir}
-	if r.Engine != "" {
-		req["engine"] = r.Engine
-	}
-	if r.Handoff {
-		req["handoff"] = true
-	}
-	if r.Traceparent != "" {
-		req["traceparent"] = r.Traceparent
-	}
-	id, ch, err := c.send(req)
+	r.Op, r.Target = "checkpoint", ""
+	id, ch, err := c.send(r)
 	if err != nil {
 		return nil, err
 	}

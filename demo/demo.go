@@ -21,6 +21,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
+	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/file" // the file:// backend
@@ -338,7 +339,7 @@ func checkpoints(ctx context.Context, e *env, o Options) (*Report, map[uint64]*w
 			return nil, nil, w, fmt.Errorf("flush before checkpoint %d: %w", n, err)
 		}
 		compacted := w.LSM().CompactedBytes
-		p, err := e.client.CheckpointPebble(ctx, w.DB(), e.storeDir, task, n)
+		p, err := ckptpebble.Checkpoint(ctx, e.client, w.DB(), e.storeDir, task, n)
 		if err != nil {
 			return nil, nil, w, fmt.Errorf("checkpoint %d: %w", n, err)
 		}

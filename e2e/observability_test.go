@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/client/pebble"
 	"github.com/ckpt-io/ckpt/workload"
 )
 
@@ -156,7 +157,7 @@ func TestDrillRestoresVerifiesAndOpensTheNewestCheckpoint(t *testing.T) {
 		if _, err := w.Round(ctx); err != nil {
 			t.Fatal(err)
 		}
-		p, err := c.CheckpointPebble(ctx, w.DB(), storeDir, "kv", n)
+		p, err := pebble.Checkpoint(ctx, c, w.DB(), storeDir, "kv", n)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/ckpt-io/ckpt/client"
+	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
 	"github.com/ckpt-io/ckpt/workload"
 )
 
@@ -92,7 +93,7 @@ func TestPebbleCheckpointsGrowStorageByExactlyTheirNewFiles(t *testing.T) {
 		}
 		exp = w.Snapshot()
 		before := treeSize(t, jobDir)
-		p, err := c.CheckpointPebble(ctx, w.DB(), storeDir, task, n)
+		p, err := ckptpebble.Checkpoint(ctx, c, w.DB(), storeDir, task, n)
 		if err != nil {
 			t.Fatalf("checkpoint %d: %v", n, err)
 		}
@@ -193,7 +194,7 @@ func TestCorruptAndMissingLocalCopiesFallBackToStorageFileByFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	p, err := c.CheckpointPebble(ctx, w.DB(), storeDir, task, 1)
+	p, err := ckptpebble.Checkpoint(ctx, c, w.DB(), storeDir, task, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +298,7 @@ func TestRestoreOnAFreshNodeThenOneCheckpointUploadsOnlyNewFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ca.Close()
-	p, err := ca.CheckpointPebble(ctx, w.DB(), storeA, task, 7)
+	p, err := ckptpebble.Checkpoint(ctx, ca, w.DB(), storeA, task, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +358,7 @@ func TestRestoreOnAFreshNodeThenOneCheckpointUploadsOnlyNewFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cb.Close()
-	p, err = cb.CheckpointPebble(ctx, db, storeB, task, 8)
+	p, err = ckptpebble.Checkpoint(ctx, cb, db, storeB, task, 8)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func runAgent(ctx context.Context, args []string) error {
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, CommitPatience: *patience, Full: *full, Version: version, Logger: log,
 	}
-	cfg.Restore = func(ctx context.Context, task string, n uint64, target string) (any, error) {
+	cfg.Restore = func(ctx context.Context, task string, n uint64, target string) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, LocalDir: *localDir})
 		recordRestore(ctx, tel, task, res, err)
 		return res, err

@@ -1,0 +1,193 @@
+// Package protocol is the ckpt agent's socket protocol, version 1: the
+// requests an app sends, the events the agent answers with, their error
+// codes, and the decoder the agent runs on every request line.
+//
+// The protocol is one JSON object per line over a Unix stream socket; a
+// line is at most MaxLine bytes. Every request has an op; an id, when
+// given, is echoed on every event that answers it. The wire names and
+// fields are part of ckpt's public interface and do not change.
+//
+// The package depends on the standard library only, so that apps can
+// speak the protocol (through package client or on their own) without
+// pulling in storage, engines or telemetry.
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+)
+
+// ProtocolVersion is the protocol version this package speaks; the agent
+// sends it in its hello event.
+const ProtocolVersion = 1
+
+// MaxLine is the longest request line the agent reads (1 MiB), not
+// counting the newline. A longer line is answered with a bad_request
+// error event and skipped; the connection stays usable.
+const MaxLine = 1 << 20
+
+// Error codes, the code field of an Error.
+const (
+	// CodeBadRequest: the request could not be parsed or is invalid.
+	CodeBadRequest = "bad_request"
+	// CodeNotFound: the task, checkpoint or restore source does not exist.
+	CodeNotFound = "not_found"
+	// CodeConflict: the request clashes with the agent's state (an older
+	// checkpoint number, a non-empty restore target, a fenced agent).
+	CodeConflict = "conflict"
+	// CodeUnavailable: the agent cannot serve the request now (queue full,
+	// storage outage, shutdown, an op it does not serve); retry later.
+	CodeUnavailable = "unavailable"
+	// CodeForbidden: the peer's credentials do not allow this job, task or
+	// directory.
+	CodeForbidden = "forbidden"
+	// CodeInternal: anything else.
+	CodeInternal = "internal"
+)
+
+// Error is the error object of failed and error events: a machine-readable
+// Code (one of the Code constants) and a human-readable Message.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// Error returns "code: message".
+func (e *Error) Error() string { return e.Code + ": " + e.Message }
+
+// Errorf returns an *Error with the given code and a formatted message.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Request is one request line from a client. Op says which request it is
+// (hello, checkpoint, abort, status or restore); the other fields are the
+// op's arguments and are omitted from the line when empty.
+type Request struct {
+	// Op is the request: hello, checkpoint, abort, status or restore.
+	Op string `json:"op"`
+	// ID, when set, is echoed on every event answering the request. On
+	// the wire it is a string or a number; DecodeRequest keeps a number
+	// as a json.Number, so that it is echoed exactly as sent.
+	ID any `json:"id,omitempty"`
+	// Task names the task (checkpoint, abort, restore; optional for status).
+	Task string `json:"task,omitempty"`
+	// Checkpoint is the checkpoint number (checkpoint, abort; optional for
+	// restore, where 0 means the newest complete one).
+	Checkpoint uint64 `json:"checkpoint,omitempty"`
+	// Dir is the absolute path of the snapshot to checkpoint.
+	Dir string `json:"dir,omitempty"`
+	// Engine names the store's engine (for example "pebble"), when known.
+	Engine string `json:"engine,omitempty"`
+	// Handoff gives dir to the agent: it may move the directory itself into
+	// its local store (one rename, whatever the number of files) instead of
+	// hard-linking each file. The app must not use dir after sending it.
+	Handoff bool `json:"handoff,omitempty"`
+	// Target is the absolute path of the directory to restore into.
+	Target string `json:"target,omitempty"`
+	// Traceparent is the app's W3C trace context, when it sends one.
+	Traceparent string `json:"traceparent,omitempty"`
+}
+
+// nameRE is the pattern of task names (the same as manifests.ValidName's;
+// kept here so that this package needs nothing but the standard library).
+var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// validName checks a task name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}.
+func validName(what, name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("invalid %s name %q: use 1-128 of A-Z a-z 0-9 . _ - starting with a letter or digit", what, name)
+	}
+	return nil
+}
+
+// DecodeRequest parses and validates one request line. The error is always
+// a *Error with code bad_request; the request it returns with an error
+// carries the id, when one could be read, so that the error event can
+// echo it. It never panics, whatever the input.
+func DecodeRequest(line []byte) (Request, *Error) {
+	var r Request
+	line = bytes.TrimSpace(line)
+	if len(line) == 0 {
+		return r, Errorf(CodeBadRequest, "empty line: send one JSON object per line")
+	}
+	if len(line) > MaxLine {
+		return r, Errorf(CodeBadRequest, "line of %d bytes exceeds the %d byte limit", len(line), MaxLine)
+	}
+	dec := json.NewDecoder(bytes.NewReader(line))
+	dec.UseNumber()
+	if err := dec.Decode(&r); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			if te.Field == "" {
+				return r, Errorf(CodeBadRequest, "a request is a JSON object, not a JSON %s", te.Value)
+			}
+			return r, Errorf(CodeBadRequest, "field %q: a JSON %s is not valid there", te.Field, te.Value)
+		}
+		return r, Errorf(CodeBadRequest, "not a JSON object: %v", err)
+	}
+	if dec.More() {
+		return r, Errorf(CodeBadRequest, "more than one JSON value on the line")
+	}
+	switch r.ID.(type) {
+	case nil, string, json.Number:
+	default:
+		return r, Errorf(CodeBadRequest, "id must be a string or a number")
+	}
+	needTask := func() *Error {
+		if err := validName("task", r.Task); err != nil {
+			return Errorf(CodeBadRequest, "%v", err)
+		}
+		return nil
+	}
+	needCheckpoint := func() *Error {
+		if r.Checkpoint == 0 {
+			return Errorf(CodeBadRequest, "checkpoint must be a positive integer")
+		}
+		if r.Checkpoint > 1<<62 {
+			return Errorf(CodeBadRequest, "checkpoint %d is too large", r.Checkpoint)
+		}
+		return nil
+	}
+	switch r.Op {
+	case "hello":
+	case "status":
+		if r.Task != "" {
+			return r, needTask()
+		}
+	case "checkpoint":
+		if err := needTask(); err != nil {
+			return r, err
+		}
+		if err := needCheckpoint(); err != nil {
+			return r, err
+		}
+		if !filepath.IsAbs(r.Dir) {
+			return r, Errorf(CodeBadRequest, "dir must be an absolute path, got %q", r.Dir)
+		}
+		if len(r.Engine) > 64 {
+			return r, Errorf(CodeBadRequest, "engine name too long")
+		}
+	case "abort":
+		if err := needTask(); err != nil {
+			return r, err
+		}
+		return r, needCheckpoint()
+	case "restore":
+		if err := needTask(); err != nil {
+			return r, err
+		}
+		if !filepath.IsAbs(r.Target) {
+			return r, Errorf(CodeBadRequest, "target must be an absolute path, got %q", r.Target)
+		}
+	case "":
+		return r, Errorf(CodeBadRequest, `missing "op" (one of hello, checkpoint, abort, status, restore)`)
+	default:
+		return r, Errorf(CodeBadRequest, "unknown op %q (one of hello, checkpoint, abort, status, restore)", r.Op)
+	}
+	return r, nil
+}

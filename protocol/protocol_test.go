@@ -1,0 +1,110 @@
+package protocol
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+func TestDecodeRequestAcceptsTheContract(t *testing.T) {
+	for _, line := range []string{
+		`{"op":"hello"}`,
+		`{"op":"status"}`,
+		`{"op":"status","task":"orders-3"}`,
+		`{"op":"checkpoint","task":"orders-3","checkpoint":42,"dir":"/data/x","engine":"pebble","id":"a1"}`,
+		`{"op":"abort","task":"t","checkpoint":1,"id":3}`,
+		`{"op":"restore","task":"t","target":"/data/t"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","future_field":true}`,
+	} {
+		if _, err := DecodeRequest([]byte(line)); err != nil {
+			t.Errorf("%s: %v", line, err)
+		}
+	}
+}
+
+func TestDecodeRequestRefusesWithBadRequest(t *testing.T) {
+	for _, line := range []string{
+		``, `garbage`, `[]`, `{}`, `{"op":"nope"}`, `{"op":"hello"}{"op":"hello"}`,
+		`{"op":"hello","id":{"x":1}}`,
+		`{"op":"status","task":"-bad"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":0,"dir":"/d"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"rel"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":4611686018427387905,"dir":"/d"}`,
+		`{"op":"checkpoint","task":"` + strings.Repeat("a", 129) + `","checkpoint":1,"dir":"/d"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","engine":"` + strings.Repeat("e", 65) + `"}`,
+		`{"op":"abort","task":"t"}`,
+		`{"op":"restore","task":"t","target":"rel"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":"1","dir":"/d"}`,
+	} {
+		if _, err := DecodeRequest([]byte(line)); err == nil || err.Code != CodeBadRequest || err.Message == "" {
+			t.Errorf("%.80s: got %v, want a bad_request", line, err)
+		}
+	}
+}
+
+func TestDecodeRequestKeepsTheIDOfARefusedRequest(t *testing.T) {
+	req, err := DecodeRequest([]byte(`{"op":"abort","task":"t","id":7}`))
+	if err == nil || req.ID == nil || req.ID.(interface{ String() string }).String() != "7" {
+		t.Fatalf("id %v, err %v", req.ID, err)
+	}
+}
+
+func TestTaskNames(t *testing.T) {
+	for name, ok := range map[string]bool{
+		"t": true, "orders-3": true, "A.b_c-9": true, strings.Repeat("a", 128): true,
+		"": false, "-t": false, ".t": false, "_t": false, "a/b": false, "a b": false,
+		strings.Repeat("a", 129): false, "é": false,
+	} {
+		if err := validName("task", name); (err == nil) != ok {
+			t.Errorf("%q: %v", name, err)
+		}
+	}
+}
+
+// FuzzDecodeRequest: whatever the bytes, the decoder returns a request or a
+// bad_request error, never panics, and what it accepts is valid.
+func FuzzDecodeRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"op":"hello"}`, `{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d"}`,
+		`{"op":"abort","task":"t","checkpoint":18446744073709551615}`, `{"op":"status","task":""}`,
+		`{"op":"restore","task":"t","target":"rel"}`, `garbage`, `{}`, `{"op":null}`, `[]`, `{"op":"hello"}{"op":"hello"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1e3,"dir":"/d"}`, `{"id":{"x":1},"op":"hello"}`, "\x00\xff",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, line []byte) {
+		req, err := DecodeRequest(line)
+		if err != nil {
+			if err.Code != CodeBadRequest || err.Message == "" {
+				t.Fatalf("error %+v is not a bad_request with a message", err)
+			}
+			return
+		}
+		switch req.Op {
+		case "hello", "status", "checkpoint", "abort", "restore":
+		default:
+			t.Fatalf("accepted op %q", req.Op)
+		}
+		if req.Op == "checkpoint" && (req.Checkpoint == 0 || !strings.HasPrefix(req.Dir, "/") || req.Task == "") {
+			t.Fatalf("accepted invalid checkpoint request %+v", req)
+		}
+	})
+}
+
+// The protocol needs nothing but the standard library, so that anything
+// can speak it cheaply.
+func TestOnlyTheStandardLibrary(t *testing.T) {
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".").Output()
+	if err != nil {
+		t.Skipf("go list: %v", err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if dep != "github.com/ckpt-io/ckpt/protocol" {
+			t.Errorf("package protocol depends on %s", dep)
+		}
+	}
+}
