@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/client"
-	"github.com/ckpt-io/ckpt/workload"
+	"github.com/ckpt-io/ckpt/internal/workload"
 )
 
 // consoleSpan is the part of a span as the console exporter prints it that

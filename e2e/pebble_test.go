@@ -13,7 +13,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/ckpt-io/ckpt/client"
-	"github.com/ckpt-io/ckpt/workload"
+	"github.com/ckpt-io/ckpt/internal/workload"
 )
 
 // localCopy is the agent's local copy of checkpoint n: the snapshot's files

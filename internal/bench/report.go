@@ -12,7 +12,7 @@ import (
 	"github.com/ckpt-io/ckpt/telemetry"
 )
 
-// Report is what a run measured; its JSON is `ckpt bench --json`. A figure
+// Report is what a run measured; its JSON is `ckpt-bench --json`. A figure
 // whose section did not run (or failed: see Errors) is null.
 type Report struct {
 	Config            Config             `json:"config"`
@@ -452,7 +452,7 @@ func rate(bps float64) string {
 // Print writes the human report: the targets table, then the detail.
 func (r *Report) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "ckpt bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
+	fmt.Fprintf(tw, "ckpt-bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
 		telemetry.FormatBytes(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
 	fmt.Fprintln(tw, "FIGURE\tMEASURED\tTARGET\tRESULT")
 	for _, t := range r.Targets {
