@@ -59,8 +59,6 @@ type Config struct {
 	// ShutdownGrace is how long a stopping agent lets in-flight checkpoints
 	// finish before aborting them (default 30s).
 	ShutdownGrace time.Duration
-	// Full uploads every file of every checkpoint (the benchmark baseline).
-	Full bool
 	// Version is reported by hello.
 	Version string
 	Logger  *slog.Logger

@@ -22,10 +22,10 @@ import (
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
 	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
+	"github.com/ckpt-io/ckpt/internal/workload"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/file" // the file:// backend
-	"github.com/ckpt-io/ckpt/workload"
 )
 
 // Options configures a demo run. Zero values take the documented defaults.

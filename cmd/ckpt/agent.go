@@ -45,7 +45,6 @@ func runAgent(ctx context.Context, args []string) error {
 	maxQueued := fs.Int("max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
 	shutdown := fs.Duration("shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
 	patience := fs.Duration("commit-patience", 2*time.Minute, "how long a manifest commit retries storage errors once every object is uploaded")
-	full := fs.Bool("full", false, "upload every file of every checkpoint (a baseline for benchmarks)")
 	uploadRate := fs.Int64("upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
 	pprofOn := fs.Bool("pprof", false, "also serve /debug/pprof/ on the metrics address")
@@ -94,7 +93,7 @@ func runAgent(ctx context.Context, args []string) error {
 		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
-		ShutdownGrace: *shutdown, CommitPatience: *patience, Full: *full, Version: version, Logger: log,
+		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, task string, n uint64, target string) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, LocalDir: *localDir})

@@ -82,7 +82,6 @@ func commands() []command {
 		{"verify", "re-read every object of checkpoints and check sizes and checksums", runVerify},
 		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
 		{"drill", "restore the newest checkpoint from storage into a scratch dir, verify it, time it", runDrill},
-		{"bench", "measure ckpt against full checkpoints, rclone, restic and ldb, and check the targets", runBench},
 		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
 		{"version", "print the version (also ckpt --version)", runVersion},
 	}

@@ -82,7 +82,7 @@ func Install(ctx context.Context, root, name, module, version string, logf func(
 	}
 	ictx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ictx, goTool(), "install", module+"@"+version)
+	cmd := exec.CommandContext(ictx, GoTool(), "install", module+"@"+version)
 	cmd.Env = append(os.Environ(), "GOBIN="+bin, "GOWORK=off")
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
@@ -94,8 +94,8 @@ func Install(ctx context.Context, root, name, module, version string, logf func(
 	return path, nil
 }
 
-// goTool finds the go command: on PATH, else in GOROOT.
-func goTool() string {
+// GoTool finds the go command: on PATH, else in GOROOT.
+func GoTool() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}

@@ -1,4 +1,4 @@
-// Package bench is `ckpt bench`: a harness that measures ckpt on a real
+// Package bench is the benchmark lab behind the ckpt-bench command: a harness that measures ckpt on a real
 // Pebble store under a keyed-state workload against the baselines users
 // would pick instead (full checkpoints, rclone, restic, RocksDB's
 // BackupEngine through ldb) on the same data and the same storage, in one
@@ -13,8 +13,9 @@
 //
 //  1. the workload loads StateBytes, then Checkpoints rounds at Churn, each
 //     followed by one Pebble checkpoint sent to two in-process agents: an
-//     incremental one and one forced to upload everything (Full): write
-//     amplification and the incremental/full ratios of bytes and duration;
+//     incremental one and one that uploads everything (fullAgent: it finds
+//     no earlier checkpoint to reuse objects of): write amplification and
+//     the incremental/full ratios of bytes and duration;
 //  2. the last checkpoint restored from the local copy and from storage
 //     alone, each verified key by key;
 //  3. the workload's write rate with a checkpoint every interval against
@@ -39,15 +40,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/internal/workload"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/file" // file:// storage
 	_ "github.com/ckpt-io/ckpt/storage/gs"   // gs:// storage
 	"github.com/ckpt-io/ckpt/storage/retry"
-	"github.com/ckpt-io/ckpt/workload"
 )
 
 // Options configures a run. Zero values take the documented defaults.
@@ -69,9 +71,15 @@ type Options struct {
 	// Only limits the run to these sections (default all): incremental,
 	// restore, app, peers, e2e, pause, memory.
 	Only []string
-	// AgentExe is the ckpt binary run as `ckpt agent` for the memory figure
-	// (default os.Executable()).
-	AgentExe string
+	// CkptExe is the ckpt binary run as `ckpt agent` (the app, pause and
+	// memory sections). Default: built from the ckpt repository around the
+	// working directory or this binary, else the `ckpt` beside this binary,
+	// else the one on PATH (FindCkpt).
+	CkptExe string
+	// LoadExe is the binary run as `LoadExe --hash-load RATE` and
+	// `LoadExe --copy-load DIR` for the app section's controls (default
+	// os.Executable(): ckpt-bench re-executes itself).
+	LoadExe string
 	// AgentMetricsAddr, when set, makes that agent serve /metrics and
 	// /debug/pprof/ there (to profile it while it uploads).
 	AgentMetricsAddr string
@@ -130,12 +138,12 @@ func (o *Options) defaults() error {
 			return fmt.Errorf("unknown section %q (known: %s)", s, strings.Join(Sections, ", "))
 		}
 	}
-	if o.AgentExe == "" {
+	if o.LoadExe == "" {
 		exe, err := os.Executable()
 		if err != nil {
-			return fmt.Errorf("find the ckpt binary to run as an agent: %w", err)
+			return fmt.Errorf("find the ckpt-bench binary to run the load controls: %w", err)
 		}
-		o.AgentExe = exe
+		o.LoadExe = exe
 	}
 	return nil
 }
@@ -167,6 +175,21 @@ type run struct {
 	inc  *inproc
 	next uint64 // the next checkpoint number of the incremental agent
 	x    *xfer  // the transfer section's state, for the end-to-end one
+
+	ckptOnce sync.Once
+	ckptErr  error
+}
+
+// ckptExe returns the ckpt binary that runs as `ckpt agent`: o.CkptExe, or
+// the one FindCkpt finds (building it into the scratch dir), once per run.
+func (r *run) ckptExe(ctx context.Context) (string, error) {
+	r.ckptOnce.Do(func() {
+		if r.o.CkptExe != "" {
+			return
+		}
+		r.o.CkptExe, r.ckptErr = FindCkpt(ctx, filepath.Join(r.root, "bin"), r.logf)
+	})
+	return r.o.CkptExe, r.ckptErr
 }
 
 func (r *run) logf(format string, args ...any) {
@@ -264,43 +287,66 @@ type inproc struct {
 	job      string
 	cancel   context.CancelFunc
 	done     chan error
+	// ownsStore: stop closes store.
+	ownsStore bool
 }
 
-// startAgent starts an in-process agent for job on the target, with its
-// local dir and socket under root/name.
-func (r *run) startAgent(ctx context.Context, name string, full bool) (*inproc, error) {
-	dir := filepath.Join(r.root, "agents", name)
-	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
-		return nil, err
-	}
+// jobName is the job of the agent called name.
+func (r *run) jobName(name string) string { return "bench-" + r.id + "-" + name }
+
+// openCounting opens the target behind retries and a byte counter.
+func (r *run) openCounting(ctx context.Context) (*counting, error) {
 	base, err := r.tgt.open(ctx)
 	if err != nil {
 		return nil, err
 	}
-	c := &counting{Store: retry.New(base, retry.Options{MaxAttempts: 4})}
-	sock, err := shortSocket(dir)
+	return &counting{Store: retry.New(base, retry.Options{MaxAttempts: 4})}, nil
+}
+
+// startAgent starts an in-process agent for job on the target, with its
+// local dir and socket under root/name.
+func (r *run) startAgent(ctx context.Context, name string) (*inproc, error) {
+	c, err := r.openCounting(ctx)
 	if err != nil {
-		base.Close()
 		return nil, err
 	}
-	job := "bench-" + r.id + "-" + name
+	p, err := r.startAgentOn(ctx, name, c, c, agent.Config{})
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	p.ownsStore = true
+	return p, nil
+}
+
+// startAgentOn starts an in-process agent called name on st, which writes
+// through c (the counter of its bytes); cfg's GCInterval is kept. The
+// agent does not close st when it stops.
+func (r *run) startAgentOn(ctx context.Context, name string, c *counting, st storage.Store, cfg agent.Config) (*inproc, error) {
+	dir := filepath.Join(r.root, "agents", name)
+	if err := os.MkdirAll(filepath.Join(dir, "local"), 0o755); err != nil {
+		return nil, err
+	}
+	sock, err := shortSocket(dir)
+	if err != nil {
+		return nil, err
+	}
+	job := r.jobName(name)
 	a, err := agent.New(agent.Config{
-		Socket: sock, Store: c, Job: job, LocalDir: filepath.Join(dir, "local"),
-		AllowRoots: []string{r.root}, Retain: 2, Full: full, ShutdownGrace: 5 * time.Second,
+		Socket: sock, Store: st, Job: job, LocalDir: filepath.Join(dir, "local"),
+		AllowRoots: []string{r.root}, Retain: 2, ShutdownGrace: 5 * time.Second, GCInterval: cfg.GCInterval,
 		Version: "bench", Logger: slog.New(slog.DiscardHandler), MaxQueued: 16,
 	})
 	if err != nil {
-		base.Close()
 		return nil, err
 	}
 	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	p := &inproc{count: c, store: c, localDir: filepath.Join(dir, "local"), job: job, cancel: cancel, done: make(chan error, 1)}
+	p := &inproc{count: c, store: st, localDir: filepath.Join(dir, "local"), job: job, cancel: cancel, done: make(chan error, 1)}
 	go func() { p.done <- a.Run(actx) }()
 	select {
 	case <-a.Ready():
 	case err := <-p.done:
 		cancel()
-		base.Close()
 		return nil, fmt.Errorf("start agent: %w", err)
 	}
 	if p.client, err = client.Dial(ctx, sock); err != nil {
@@ -316,7 +362,9 @@ func (p *inproc) stop() {
 	}
 	p.cancel()
 	<-p.done
-	p.store.Close()
+	if p.ownsStore {
+		p.store.Close()
+	}
 }
 
 // shortSocket returns a socket path that fits sun_path.

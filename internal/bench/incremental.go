@@ -16,8 +16,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/internal/workload"
 	"github.com/ckpt-io/ckpt/restore"
-	"github.com/ckpt-io/ckpt/workload"
 )
 
 const task = "bench-0"
@@ -37,7 +37,7 @@ func (r *run) ensureStore(ctx context.Context) error {
 	if _, err := w.Round(ctx); err != nil {
 		return fmt.Errorf("load the state: %w", err)
 	}
-	if r.inc, err = r.startAgent(ctx, "inc", false); err != nil {
+	if r.inc, err = r.startAgent(ctx, "inc"); err != nil {
 		return err
 	}
 	r.next = 1
@@ -145,13 +145,13 @@ func (r *run) incremental(ctx context.Context) error {
 	if err := r.ensureStore(ctx); err != nil {
 		return err
 	}
-	var full *inproc
+	var full *fullAgent
 	if r.o.runs("incremental") {
 		var err error
-		if full, err = r.startAgent(ctx, "full", true); err != nil {
+		if full, err = r.startFullAgent(ctx, "full"); err != nil {
 			return err
 		}
-		defer full.stop()
+		defer full.close()
 	}
 	seen := map[snapFile]bool{}
 	var exp *workload.Expected
@@ -212,7 +212,7 @@ func (r *run) incremental(ctx context.Context) error {
 			s.Amplification = round(float64(s.BytesWritten)/float64(s.NewBytes), 5)
 		}
 		if full != nil {
-			fs, err := send(ctx, full, task, n, fullDir, true)
+			fs, err := full.send(ctx, n, fullDir)
 			if err != nil {
 				return fmt.Errorf("full-upload agent: %w", err)
 			}

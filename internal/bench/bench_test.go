@@ -30,16 +30,17 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe := filepath.Join(t.TempDir(), "ckpt")
-	build := exec.Command("go", "build", "-o", exe, "./cmd/ckpt")
+	// The agent processes run ckpt; the load controls re-execute ckpt-bench.
+	bin := t.TempDir()
+	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/ckpt", "./cmd/ckpt-bench")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/ckpt: %v\n%s", err, out)
+		t.Fatalf("go build ./cmd/ckpt ./cmd/ckpt-bench: %v\n%s", err, out)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	var log bytes.Buffer
-	rep, err := Run(ctx, Options{Quick: true, AgentExe: exe, Dir: t.TempDir(), Log: &log})
+	rep, err := Run(ctx, Options{Quick: true, CkptExe: filepath.Join(bin, "ckpt"), LoadExe: filepath.Join(bin, "ckpt-bench"), Dir: t.TempDir(), Log: &log})
 	if err != nil {
 		t.Fatalf("bench: %v\nlog:\n%s", err, log.String())
 	}
@@ -262,5 +263,24 @@ func TestCopyLoadRefusesBadInputAndNamesIt(t *testing.T) {
 		if out.Len() != 0 {
 			t.Errorf("CopyLoad(%q, %q) answered %q", tc.dst, tc.in, out.String())
 		}
+	}
+}
+
+// TestFindCkptBuildsTheRepositorysCkpt: inside the ckpt repository the
+// agent binary is built from its source, and it runs.
+func TestFindCkptBuildsTheRepositorysCkpt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds ./cmd/ckpt")
+	}
+	dir := t.TempDir()
+	exe, err := FindCkpt(context.Background(), dir, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := filepath.Join(dir, "ckpt"); exe != want {
+		t.Errorf("FindCkpt = %s, want the build %s", exe, want)
+	}
+	if out, err := exec.Command(exe, "version").CombinedOutput(); err != nil {
+		t.Errorf("%s version: %v\n%s", exe, err, out)
 	}
 }

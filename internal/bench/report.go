@@ -11,7 +11,7 @@ import (
 	"time"
 )
 
-// Report is what a run measured; its JSON is `ckpt bench --json`. A figure
+// Report is what a run measured; its JSON is `ckpt-bench --json`. A figure
 // whose section did not run (or failed: see Errors) is null.
 type Report struct {
 	Config            Config             `json:"config"`
@@ -451,7 +451,7 @@ func rate(bps float64) string {
 // Print writes the human report: the targets table, then the detail.
 func (r *Report) Print(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "ckpt bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
+	fmt.Fprintf(tw, "ckpt-bench: storage %s, state %s, churn %g, %d checkpoints%s\n\n", r.Config.Storage,
 		human.Bytes(r.Config.StateBytes), r.Config.Churn, r.Config.Checkpoints, map[bool]string{true: " (quick: scaled down)", false: ""}[r.Config.Quick])
 	fmt.Fprintln(tw, "FIGURE\tMEASURED\tTARGET\tRESULT")
 	for _, t := range r.Targets {

@@ -1,22 +1,67 @@
+// Command ckpt-bench is the benchmark lab of ckpt: it measures ckpt on a
+// real Pebble store against full checkpoints, rclone, restic and ldb, and
+// checks each figure against its target (see internal/bench).
+//
+// It runs agents in its own process and as `ckpt agent` processes; the ckpt
+// binary is --ckpt, else built from the ckpt repository around the working
+// directory or this binary, else the ckpt beside this binary, else the one
+// on PATH. The app section's controls (--hash-load, --copy-load) are this
+// binary run again with that flag.
+//
+// Exit status: 0 success, 1 the run failed, 2 bad usage.
 package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
-	"github.com/ckpt-io/ckpt/bench"
+	"github.com/ckpt-io/ckpt/internal/bench"
 )
 
-func runBench(ctx context.Context, args []string) error {
-	fs := newFlags("bench", "[--storage URL] [--state-bytes B] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]",
-		"ckpt bench --state-bytes 1GiB --json > bench.json")
+const (
+	synopsis = "[--storage URL] [--state-bytes B] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]"
+	example  = "ckpt-bench --state-bytes 1GiB --json > bench.json"
+)
+
+// usageError marks errors that exit with status 2.
+type usageError struct{ error }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run runs ckpt-bench with args and returns its exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := runBench(ctx, args, stdout, stderr)
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "ckpt-bench: %v\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "ckpt-bench: %v\n", err)
+		return 1
+	}
+}
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("ckpt-bench", flag.ContinueOnError)
 	store := fs.String("storage", "", "storage URL to measure against (default: start versitygw, an S3 server, on 127.0.0.1)")
 	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
 	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
@@ -27,18 +72,36 @@ func runBench(ctx context.Context, args []string) error {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the bench process (agents in it included) to FILE")
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(bench.Sections, ", ")+" (default all)")
 	dir := fs.String("dir", "", "scratch directory, kept afterwards (default: a temporary one, removed)")
+	ckptExe := fs.String("ckpt", "", "the ckpt binary to run as `ckpt agent` (default: built from the ckpt repository around the working directory or this binary, else the ckpt beside this binary, else the one on PATH)")
 	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with SHA-256 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
 	copyLoad := fs.String("copy-load", "", "copy the new files of each checkpoint directory named on stdin into DIR, answer on stdout, and do nothing else: the shipping control the app-throughput section runs beside the app")
-	if err := parse(fs, args); err != nil {
-		return err
+	usage := func(w io.Writer) {
+		fmt.Fprintf(w, "ckpt-bench: the benchmark lab of ckpt (incremental checkpoints of LSM stores to object storage).\n\n")
+		fmt.Fprintf(w, "Usage: ckpt-bench %s\n\nFlags:\n", synopsis)
+		fs.SetOutput(w)
+		fs.PrintDefaults()
+		fmt.Fprintf(w, "\nExample:\n  %s\n", example)
+	}
+	fs.SetOutput(io.Discard) // parse errors and --help are printed below
+	fs.Usage = func() {}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout) // --help goes to stdout
+			return err
+		}
+		usage(stderr)
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q (flags start with --)", fs.Arg(0))}
 	}
 	if *copyLoad != "" {
 		if !filepath.IsAbs(*copyLoad) {
 			return usageError{fmt.Errorf("--copy-load: %q: want an absolute directory", *copyLoad)}
 		}
-		return bench.CopyLoad(ctx, *copyLoad, os.Stdin, os.Stdout)
+		return bench.CopyLoad(ctx, *copyLoad, os.Stdin, stdout)
 	}
 	if *hashLoad != "" {
 		rate, err := parseBytes(*hashLoad)
@@ -47,7 +110,8 @@ func runBench(ctx context.Context, args []string) error {
 		}
 		return bench.HashLoad(ctx, rate)
 	}
-	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir, AgentMetricsAddr: *agentMetrics, Log: os.Stderr}
+	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir,
+		CkptExe: *ckptExe, AgentMetricsAddr: *agentMetrics, Log: stderr}
 	if *quiet {
 		o.Log = io.Discard
 	}
@@ -80,10 +144,12 @@ func runBench(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		if perr := printJSON(rep); perr != nil {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if perr := enc.Encode(rep); perr != nil {
 			return perr
 		}
-	} else if perr := rep.Print(os.Stdout); perr != nil {
+	} else if perr := rep.Print(stdout); perr != nil {
 		return perr
 	}
 	if err != nil {

@@ -103,12 +103,12 @@ func (r *run) appThroughput(ctx context.Context) error {
 	return nil
 }
 
-// startHashLoad starts `ckpt bench --hash-load` at the given nice value
-// (the agent's) and returns its pid and a func that stops it.
+// startHashLoad starts `ckpt-bench --hash-load` (LoadExe) at the given nice
+// value (the agent's) and returns its pid and a func that stops it.
 func (r *run) startHashLoad(bytesPerS int64, nice int) (int, func(), error) {
-	cmd := exec.Command(r.o.AgentExe, "bench", "--hash-load", strconv.FormatInt(bytesPerS, 10))
+	cmd := exec.Command(r.o.LoadExe, "--hash-load", strconv.FormatInt(bytesPerS, 10))
 	if err := startNice(cmd, nice); err != nil {
-		return 0, nil, fmt.Errorf("start %s bench --hash-load: %w", r.o.AgentExe, err)
+		return 0, nil, fmt.Errorf("start %s --hash-load: %w", r.o.LoadExe, err)
 	}
 	return cmd.Process.Pid, func() { cmd.Process.Kill(); cmd.Wait() }, nil
 }
@@ -212,12 +212,12 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 		switch {
 		case m.copyDir != "":
 			var err error
-			if cp, err = startCopyLoad(r.o.AgentExe, m.copyDir, nice); err != nil {
+			if cp, err = startCopyLoad(r.o.LoadExe, m.copyDir, nice); err != nil {
 				return nil, err
 			}
 			defer cp.stop()
 			agentPID = cp.pid
-			fig.Agent += fmt.Sprintf(", and a process at nice %d copying its new files to %s (ckpt bench --copy-load), then removing the checkpoint before it", nice, m.copyDir)
+			fig.Agent += fmt.Sprintf(", and a process at nice %d copying its new files to %s (ckpt-bench --copy-load), then removing the checkpoint before it", nice, m.copyDir)
 		case m.hashLoad > 0:
 			fig.Agent += fmt.Sprintf(", removed at once; a process at nice %d hashing %.1f MB/s with SHA-256 in the phases with checkpoints", nice, float64(m.hashLoad)/1e6)
 			fig.HashLoadBytesPerS = m.hashLoad

@@ -131,7 +131,7 @@ func copyFile(src, dst string) (int64, error) {
 	return n, errors.Join(err, out.Close())
 }
 
-// copyLoadProc is a running `ckpt bench --copy-load`, started by the bench.
+// copyLoadProc is a running `ckpt-bench --copy-load`, started by the bench.
 type copyLoadProc struct {
 	pid   int
 	stdin io.WriteCloser
@@ -147,9 +147,10 @@ type copyAck struct {
 	err   error
 }
 
-// startCopyLoad starts `exe bench --copy-load dst` at the given nice value.
+// startCopyLoad starts `exe --copy-load dst` (exe: ckpt-bench) at the
+// given nice value.
 func startCopyLoad(exe, dst string, nice int) (*copyLoadProc, error) {
-	cmd := exec.Command(exe, "bench", "--copy-load", dst)
+	cmd := exec.Command(exe, "--copy-load", dst)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()
@@ -161,7 +162,7 @@ func startCopyLoad(exe, dst string, nice int) (*copyLoadProc, error) {
 		return nil, err
 	}
 	if err := startNice(cmd, nice); err != nil {
-		return nil, fmt.Errorf("start %s bench --copy-load: %w", exe, err)
+		return nil, fmt.Errorf("start %s --copy-load: %w", exe, err)
 	}
 	p := &copyLoadProc{pid: cmd.Process.Pid, stdin: stdin}
 	read := make(chan struct{})

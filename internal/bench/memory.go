@@ -170,7 +170,11 @@ func (r *run) sidecarOn(ctx context.Context, name string, nice int, url string, 
 	if r.o.AgentMetricsAddr != "" && name == "rss" {
 		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
 	}
-	cmd := exec.Command(r.o.AgentExe, args...)
+	exe, err := r.ckptExe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe, args...)
 	cmd.Env = append(os.Environ(), env...)
 	logPath := filepath.Join(r.root, "agent-"+name+".log")
 	logf, err := os.Create(logPath)
@@ -180,7 +184,7 @@ func (r *run) sidecarOn(ctx context.Context, name string, nice int, url string, 
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := startNice(cmd, nice); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("start %s agent: %w", r.o.AgentExe, err)
+		return nil, fmt.Errorf("start %s agent: %w", exe, err)
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); logf.Close(); close(exited) }()

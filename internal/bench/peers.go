@@ -121,7 +121,7 @@ func (r *run) peers(ctx context.Context) error {
 	// ckpt and rclone, up and down, in alternating rounds on the same data:
 	// the machine's noise (page cache, the server's disk, the other core)
 	// weighs on both alike, and each reports its median round.
-	if x.agent, err = r.startAgent(ctx, "tput", false); err != nil {
+	if x.agent, err = r.startAgent(ctx, "tput"); err != nil {
 		return err
 	}
 	ck := Tool{Tool: "ckpt", Version: "this build", Available: true, Where: "storage", Bytes: tr.Bytes, RestoreVerified: true}
