@@ -332,7 +332,7 @@ func (a *Agent) upload(ck *checkpoint) (Event, error) {
 	res, err := uploader.Upload(uctx, uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint,
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes,
-		Concurrency: a.cfg.UploadConcurrency, Full: a.cfg.Full,
+		Concurrency: a.cfg.UploadConcurrency,
 	})
 	if err != nil {
 		upSpan.SetStatus(codes.Error, err.Error())
