@@ -433,11 +433,14 @@ func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *
 	a.mu.Lock()
 	t.retained = append(t.retained, m)
 	sort.Slice(t.retained, func(i, j int) bool { return t.retained[i].Checkpoint < t.retained[j].Checkpoint })
-	var retire []uint64
-	for len(t.retained) > a.cfg.Retain {
-		retire = append(retire, t.retained[0].Checkpoint)
-		t.retained = t.retained[1:]
+	refs := make([]manifests.Ref, len(t.retained))
+	for i, r := range t.retained {
+		refs[i] = manifests.RefOf(r)
 	}
+	_, retire := manifests.Retention(refs, a.cfg.Retain)
+	t.retained = slices.DeleteFunc(t.retained, func(r *manifests.Manifest) bool {
+		return slices.ContainsFunc(retire, func(old manifests.Ref) bool { return old.Checkpoint == r.Checkpoint })
+	})
 	if m.Checkpoint > t.lastCompleted {
 		t.lastCompleted, t.lastSize, t.lastFull = m.Checkpoint, m.CheckpointSize, m.FullSize
 		if hashes != nil {
@@ -446,9 +449,9 @@ func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *
 	}
 	a.mu.Unlock()
 	// A task retires older manifests only after a newer one is complete.
-	for _, n := range retire {
-		if err := manifests.Retire(ctx, a.cfg.Store, a.cfg.Job, t.name, n); err != nil {
-			a.log.Warn("retire", "task", t.name, "checkpoint", n, "err", err)
+	for _, old := range retire {
+		if err := manifests.Retire(ctx, a.cfg.Store, a.cfg.Job, t.name, old.Checkpoint); err != nil {
+			a.log.Warn("retire", "task", t.name, "checkpoint", old.Checkpoint, "err", err)
 		}
 	}
 }

@@ -154,20 +154,20 @@ func Retire(ctx context.Context, s storage.Store, job, task string, n uint64) er
 	return nil
 }
 
-// RetireOld retires every retained checkpoint of task but the newest keep,
-// oldest first, and returns the numbers retired. keep < 1 is treated as 1:
-// a task never retires its newest complete checkpoint.
-func RetireOld(ctx context.Context, s storage.Store, c *Catalog, task string, keep int) ([]uint64, error) {
-	if keep < 1 {
-		keep = 1
-	}
-	kept := c.Retained(task)
-	var retired []uint64
-	for i := 0; i+keep < len(kept); i++ {
-		if err := Retire(ctx, s, c.Job, task, kept[i].Checkpoint); err != nil {
-			return retired, err
-		}
-		retired = append(retired, kept[i].Checkpoint)
-	}
-	return retired, nil
+// Retention is the one retention decision of ckpt, used by the agent after
+// each checkpoint, by GC (GCOptions.Retain) and so by `ckpt gc --retain`.
+// refs are the retained (complete, not retired) checkpoints of one task,
+// oldest first; keep is how many to retain. It returns the refs that stay
+// retained and those to retire, each oldest first, without changing refs.
+// keep < 1 is treated as 1: a task never retires its newest complete
+// checkpoint. Retention is pure: the callers write the retirements.
+func Retention(refs []Ref, keep int) (retained, retire []Ref) {
+	keep = max(keep, 1)
+	cut := max(len(refs)-keep, 0)
+	return refs[cut:len(refs):len(refs)], refs[:cut:cut]
+}
+
+// RefOf is the Ref of a committed manifest, as Retention sees it.
+func RefOf(m *Manifest) Ref {
+	return Ref{Task: m.Task, Checkpoint: m.Checkpoint}
 }

@@ -75,15 +75,15 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 			tasks[r.Task] = true
 		}
 		for task := range tasks {
-			kept := cat.Retained(task)
-			for i := 0; i+opts.Retain < len(kept); i++ {
+			_, retire := Retention(cat.Retained(task), opts.Retain)
+			for _, old := range retire {
 				if !opts.DryRun {
-					if err := Retire(ctx, s, job, task, kept[i].Checkpoint); err != nil {
+					if err := Retire(ctx, s, job, task, old.Checkpoint); err != nil {
 						return rep, err
 					}
 				}
 				for j := range cat.Refs {
-					if cat.Refs[j].Task == task && cat.Refs[j].Checkpoint == kept[i].Checkpoint {
+					if cat.Refs[j].Task == task && cat.Refs[j].Checkpoint == old.Checkpoint {
 						cat.Refs[j].Retired, cat.Refs[j].RetiredAt = true, start
 					}
 				}

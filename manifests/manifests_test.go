@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -288,4 +289,37 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+func TestRetentionRetiresAllButTheNewestKeep(t *testing.T) {
+	refs := []Ref{{Task: "t", Checkpoint: 1}, {Task: "t", Checkpoint: 2}, {Task: "t", Checkpoint: 5}}
+	nums := func(rs []Ref) []uint64 {
+		out := []uint64{}
+		for _, r := range rs {
+			out = append(out, r.Checkpoint)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		keep           int
+		retained, gone []uint64
+	}{
+		{keep: 2, retained: []uint64{2, 5}, gone: []uint64{1}},
+		{keep: 3, retained: []uint64{1, 2, 5}, gone: []uint64{}},
+		{keep: 9, retained: []uint64{1, 2, 5}, gone: []uint64{}},
+		{keep: 1, retained: []uint64{5}, gone: []uint64{1, 2}},
+		{keep: 0, retained: []uint64{5}, gone: []uint64{1, 2}}, // never the newest
+		{keep: -1, retained: []uint64{5}, gone: []uint64{1, 2}},
+	} {
+		retained, retire := Retention(refs, c.keep)
+		if fmt.Sprint(nums(retained)) != fmt.Sprint(c.retained) || fmt.Sprint(nums(retire)) != fmt.Sprint(c.gone) {
+			t.Errorf("keep %d: retained %v, retire %v; want %v, %v", c.keep, nums(retained), nums(retire), c.retained, c.gone)
+		}
+	}
+	if retained, retire := Retention(nil, 2); len(retained) != 0 || len(retire) != 0 {
+		t.Errorf("no checkpoints: retained %v, retire %v", retained, retire)
+	}
+	if refs[0].Checkpoint != 1 || refs[2].Checkpoint != 5 {
+		t.Errorf("Retention changed its input: %v", refs)
+	}
 }

@@ -17,13 +17,13 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -113,180 +113,244 @@ var ErrNoCheckpoint = errors.New("no checkpoint to restore")
 var ErrTargetNotEmpty = errors.New("restore target is not empty")
 
 // Run restores a task. See Options for the guards and sources.
+//
+// Run checks the request, picks the checkpoint and reads its manifest, then
+// builds the store in a temporary directory beside the target with one of
+// two strategies: move, when the local copy is whole and unchanged and
+// trusted as it is, or fetch, file by file from the local copy or storage.
 func Run(ctx context.Context, o Options) (*Result, error) {
 	start := time.Now()
-	if err := manifests.ValidName("job", o.Job); err != nil {
-		return nil, err
-	}
-	if err := manifests.ValidName("task", o.Task); err != nil {
-		return nil, err
-	}
-	if !filepath.IsAbs(o.Target) {
-		return nil, fmt.Errorf("restore target %q must be an absolute path", o.Target)
-	}
-	target := filepath.Clean(o.Target)
-	if o.Parallelism < 1 {
-		o.Parallelism = 8
-	}
-	empty, err := isEmptyOrAbsent(target)
+	target, err := prepare(&o)
 	if err != nil {
 		return nil, err
 	}
-	if !empty {
-		if o.IfNotExists {
-			return &Result{Restored: false, Reason: "target already holds a store: " + target}, nil
-		}
-		return nil, fmt.Errorf("%w: %s holds files (use --if-not-exists to keep an existing store)", ErrTargetNotEmpty, target)
+	if skip, err := checkTarget(target, o.IfNotExists); skip != nil || err != nil {
+		return skip, err
 	}
-
-	n, err := pick(ctx, o)
-	if err != nil {
+	r := &restorer{o: o, target: target}
+	if err := r.choose(ctx); err != nil {
 		if errors.Is(err, ErrNoCheckpoint) && o.IfCheckpointExists {
 			return &Result{Restored: false, Reason: err.Error()}, nil
 		}
 		return nil, err
 	}
-	// The manifest is checked (format, checksum, names that cannot escape
-	// the target) before anything is written.
-	m, encoded, err := manifests.LoadEncoded(ctx, o.Store, o.Job, o.Task, n)
-	if err != nil {
-		return nil, err
-	}
-
-	ctx, span := telemetry.Tracer().Start(ctx, "restore", trace.WithAttributes(
-		attribute.String("ckpt.job", o.Job), attribute.String("ckpt.task", o.Task), attribute.Int64("ckpt.checkpoint", int64(n)),
-		attribute.Int("ckpt.files", len(m.Files)), attribute.Int64("ckpt.full_size", m.FullSize)))
-	defer span.End()
-	var local *localrecovery.Local
-	var ls *localrecovery.Store
+	ctx, r.span = telemetry.Tracer().Start(ctx, "restore", trace.WithAttributes(
+		attribute.String("ckpt.job", o.Job), attribute.String("ckpt.task", o.Task), attribute.Int64("ckpt.checkpoint", int64(r.n)),
+		attribute.Int("ckpt.files", len(r.m.Files)), attribute.Int64("ckpt.full_size", r.m.FullSize)))
+	defer r.span.End()
 	if o.LocalDir != "" {
-		if ls, err = localrecovery.Open(o.LocalDir, o.Job); err != nil {
+		if r.ls, err = localrecovery.Open(o.LocalDir, o.Job); err != nil {
 			return nil, err
 		}
-		local = ls.GetFor(o.Task, m, encoded)
+		r.local = r.ls.GetFor(o.Task, r.m, r.encoded)
 	}
-
-	tmp, err := makeTemp(target)
+	if r.tmp, err = makeTemp(target); err != nil {
+		return nil, err
+	}
+	res := &Result{Restored: true, Task: o.Task, Checkpoint: r.n, Files: len(r.m.Files), Bytes: r.m.FullSize, Target: target}
+	if r.lend() {
+		err = r.move(res)
+	} else {
+		err = r.fetch(ctx, res)
+	}
 	if err != nil {
+		os.RemoveAll(r.tmp) // gone already if the store was placed
 		return nil, err
-	}
-	ok := false
-	defer func() {
-		if !ok {
-			os.RemoveAll(tmp)
-		}
-	}()
-
-	res := &Result{Restored: true, Task: o.Task, Checkpoint: n, Files: len(m.Files), Bytes: m.FullSize, Target: target}
-	if local != nil && o.TrustUnchangedLocal && wholeAndUnchanged(local, m) && ls.Lend(o.Task, n, m, tmp) {
-		// The local copy is the store: it became tmp in one rename. Its
-		// private files get fsynced (an adopted copy never fsynced them);
-		// its shared files are the app's own SSTs, durable already.
-		for _, f := range m.Files {
-			if f.Kind != manifests.Shared {
-				if err := syncFile(filepath.Join(tmp, f.Name)); err != nil {
-					return nil, fmt.Errorf("restore: fsync %s: %w", f.Name, err)
-				}
-			}
-		}
-		if err := place(tmp, target); err != nil {
-			return nil, err
-		}
-		ok = true
-		ls.Readopt(o.Task, m, encoded, target)
-		res.wait = ls.Wait
-		res.Moved = true
-		res.LocalVerification = "identity"
-		res.BytesLocal, res.FilesLocal = m.FullSize, len(m.Files)
-		if o.Progress != nil {
-			o.Progress(m.FullSize, m.FullSize)
-		}
-		span.SetAttributes(attribute.Int64("ckpt.bytes_local", m.FullSize), attribute.Bool("ckpt.moved", true))
-		res.DurationMS = time.Since(start).Milliseconds()
-		return res, nil
-	}
-	var done, bLocal, bRemote, fLocal, fRemote, fallbacks atomic.Int64
-	progress := func(k int64) {
-		if o.Progress != nil {
-			o.Progress(done.Add(k), m.FullSize)
-		} else {
-			done.Add(k)
-		}
-	}
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(o.Parallelism)
-	for _, f := range m.Files {
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
-			}
-			dst := filepath.Join(tmp, f.Name)
-			if local != nil {
-				used, err := fromLocal(local, dst, f, o.TrustUnchangedLocal)
-				if err != nil {
-					return fmt.Errorf("restore %s: %w", f.Name, err)
-				}
-				if used {
-					bLocal.Add(f.Size)
-					fLocal.Add(1)
-					progress(f.Size)
-					return nil
-				}
-				fallbacks.Add(1)
-			}
-			if err := fromStorage(gctx, o.Store, dst, f, progress); err != nil {
-				return fmt.Errorf("restore %s of %s checkpoint %d: %w", f.Name, o.Task, n, err)
-			}
-			bRemote.Add(f.Size) // inline bytes came from storage too, in the manifest
-			fRemote.Add(1)
-			return nil
-		})
-	}
-	if err := g.Wait(); err != nil {
-		span.SetStatus(codes.Error, err.Error())
-		return nil, err
-	}
-	span.SetAttributes(attribute.Int64("ckpt.bytes_local", bLocal.Load()), attribute.Int64("ckpt.bytes_remote", bRemote.Load()),
-		attribute.Int64("ckpt.local_fallbacks", fallbacks.Load()))
-	if err := place(tmp, target); err != nil {
-		return nil, err
-	}
-	ok = true
-	if local != nil {
-		res.LocalVerification = "sha256"
-		if o.TrustUnchangedLocal {
-			res.LocalVerification = "identity"
-		}
-	}
-	if ls != nil && (local == nil || fallbacks.Load() > 0) {
-		// Restore inherits: the agent on this local dir will know these
-		// files (and their inodes) as checkpoint n and upload none of them.
-		// (When every file came from the local copy of n, that copy already
-		// says so, and its shared files are the target's inodes.)
-		if _, err := ls.Adopt(o.Task, m, encoded, target); err != nil {
-			return nil, fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
-		}
-	}
-	res.BytesLocal, res.BytesRemote = bLocal.Load(), bRemote.Load()
-	res.FilesLocal, res.FilesRemote = int(fLocal.Load()), int(fRemote.Load())
-	res.LocalFallbacks = int(fallbacks.Load())
-	if local == nil && o.LocalDir != "" {
-		res.LocalFallbacks = 0 // no local copy at all: not a fallback per file
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
 }
 
+// prepare checks the names and the target of o, sets its defaults, and
+// returns the cleaned target.
+func prepare(o *Options) (string, error) {
+	if err := manifests.ValidName("job", o.Job); err != nil {
+		return "", err
+	}
+	if err := manifests.ValidName("task", o.Task); err != nil {
+		return "", err
+	}
+	if !filepath.IsAbs(o.Target) {
+		return "", fmt.Errorf("restore target %q must be an absolute path", o.Target)
+	}
+	if o.Parallelism < 1 {
+		o.Parallelism = 8
+	}
+	return filepath.Clean(o.Target), nil
+}
+
+// checkTarget refuses a target that holds files, or, with ifNotExists,
+// returns the result of a restore that does nothing.
+func checkTarget(target string, ifNotExists bool) (*Result, error) {
+	empty, err := isEmptyOrAbsent(target)
+	if err != nil {
+		return nil, err
+	}
+	if empty {
+		return nil, nil
+	}
+	if ifNotExists {
+		return &Result{Restored: false, Reason: "target already holds a store: " + target}, nil
+	}
+	return nil, fmt.Errorf("%w: %s holds files (use --if-not-exists to keep an existing store)", ErrTargetNotEmpty, target)
+}
+
+// restorer is one restore in progress.
+type restorer struct {
+	o       Options
+	target  string
+	n       uint64              // the checkpoint restored
+	m       *manifests.Manifest // its manifest
+	encoded []byte              // the manifest as stored
+	ls      *localrecovery.Store
+	local   *localrecovery.Local // the local copy of n, if any
+	tmp     string               // where files land before the target
+	span    trace.Span
+}
+
+// choose picks the checkpoint and reads its manifest, which is checked
+// (format, checksum, names that cannot escape the target) before anything
+// is written.
+func (r *restorer) choose(ctx context.Context) error {
+	n, err := pick(ctx, r.o)
+	if err != nil {
+		return err
+	}
+	r.n = n
+	r.m, r.encoded, err = manifests.LoadEncoded(ctx, r.o.Store, r.o.Job, r.o.Task, n)
+	return err
+}
+
+// lend reports whether the move strategy applies, and if so has the local
+// copy become tmp in one rename: the local copy is trusted as it is
+// (TrustUnchangedLocal), holds exactly the manifest's files and each is
+// still the inode it completed with.
+func (r *restorer) lend() bool {
+	return r.local != nil && r.o.TrustUnchangedLocal && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
+}
+
+// move is the strategy for a lent local copy: the local copy is the store.
+// Its private files get fsynced (an adopted copy never fsynced them); its
+// shared files are the app's own SSTs, durable already. Once the store is
+// in place the local dir re-creates its copy from it in the background.
+func (r *restorer) move(res *Result) error {
+	m := r.m
+	for _, f := range m.Files {
+		if f.Kind != manifests.Shared {
+			if err := fsutil.SyncFile(filepath.Join(r.tmp, f.Name)); err != nil {
+				return fmt.Errorf("restore: fsync %s: %w", f.Name, err)
+			}
+		}
+	}
+	if err := place(r.tmp, r.target); err != nil {
+		return err
+	}
+	r.ls.Readopt(r.o.Task, m, r.encoded, r.target)
+	res.wait = r.ls.Wait
+	res.Moved = true
+	res.LocalVerification = "identity"
+	res.BytesLocal, res.FilesLocal = m.FullSize, len(m.Files)
+	if r.o.Progress != nil {
+		r.o.Progress(m.FullSize, m.FullSize)
+	}
+	r.span.SetAttributes(attribute.Int64("ckpt.bytes_local", m.FullSize), attribute.Bool("ckpt.moved", true))
+	return nil
+}
+
+// counts are the per-file tallies of a fetch.
+type counts struct {
+	done, bLocal, bRemote, fLocal, fRemote, fallbacks atomic.Int64
+}
+
+// fetch is the per-file strategy: each file comes from the local copy when
+// it is there and verifies, else from storage, with up to Parallelism at
+// once. Then the store is placed and recorded in the local dir.
+func (r *restorer) fetch(ctx context.Context, res *Result) error {
+	o, m := r.o, r.m
+	var c counts
+	progress := func(k int64) {
+		if o.Progress != nil {
+			o.Progress(c.done.Add(k), m.FullSize)
+		} else {
+			c.done.Add(k)
+		}
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(o.Parallelism)
+	for _, f := range m.Files {
+		g.Go(func() error { return r.fetchFile(gctx, f, &c, progress) })
+	}
+	if err := g.Wait(); err != nil {
+		r.span.SetStatus(codes.Error, err.Error())
+		return err
+	}
+	r.span.SetAttributes(attribute.Int64("ckpt.bytes_local", c.bLocal.Load()), attribute.Int64("ckpt.bytes_remote", c.bRemote.Load()),
+		attribute.Int64("ckpt.local_fallbacks", c.fallbacks.Load()))
+	if err := place(r.tmp, r.target); err != nil {
+		return err
+	}
+	if r.local != nil {
+		res.LocalVerification = "sha256"
+		if o.TrustUnchangedLocal {
+			res.LocalVerification = "identity"
+		}
+	}
+	if r.ls != nil && (r.local == nil || c.fallbacks.Load() > 0) {
+		// Restore inherits: the agent on this local dir will know these
+		// files (and their inodes) as checkpoint n and upload none of them.
+		// (When every file came from the local copy of n, that copy already
+		// says so, and its shared files are the target's inodes.)
+		if _, err := r.ls.Adopt(o.Task, m, r.encoded, r.target); err != nil {
+			return fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
+		}
+	}
+	res.BytesLocal, res.BytesRemote = c.bLocal.Load(), c.bRemote.Load()
+	res.FilesLocal, res.FilesRemote = int(c.fLocal.Load()), int(c.fRemote.Load())
+	res.LocalFallbacks = int(c.fallbacks.Load())
+	if r.local == nil && o.LocalDir != "" {
+		res.LocalFallbacks = 0 // no local copy at all: not a fallback per file
+	}
+	return nil
+}
+
+// fetchFile restores one file into tmp: from the local copy if it verifies
+// there (else counted as a fallback), from storage otherwise.
+func (r *restorer) fetchFile(ctx context.Context, f manifests.File, c *counts, progress func(int64)) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	dst := filepath.Join(r.tmp, f.Name)
+	if r.local != nil {
+		used, err := fromLocal(r.local, dst, f, r.o.TrustUnchangedLocal)
+		if err != nil {
+			return fmt.Errorf("restore %s: %w", f.Name, err)
+		}
+		if used {
+			c.bLocal.Add(f.Size)
+			c.fLocal.Add(1)
+			progress(f.Size)
+			return nil
+		}
+		c.fallbacks.Add(1)
+	}
+	if err := fromStorage(ctx, r.o.Store, dst, f, progress); err != nil {
+		return fmt.Errorf("restore %s of %s checkpoint %d: %w", f.Name, r.o.Task, r.n, err)
+	}
+	c.bRemote.Add(f.Size) // inline bytes came from storage too, in the manifest
+	c.fRemote.Add(1)
+	return nil
+}
+
 // place makes the verified tree tmp the target: fsync tmp, rename, fsync
 // the parent. The target appears whole or not at all.
 func place(tmp, target string) error {
-	if err := syncDir(tmp); err != nil {
+	if err := fsutil.SyncDir(tmp); err != nil {
 		return fmt.Errorf("restore: fsync %s: %w", tmp, err)
 	}
 	if err := os.Rename(tmp, target); err != nil {
 		return fmt.Errorf("restore: move the verified store into place: %w", err)
 	}
-	if err := syncDir(filepath.Dir(target)); err != nil {
+	if err := fsutil.SyncDir(filepath.Dir(target)); err != nil {
 		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
 	}
 	return nil
@@ -307,15 +371,6 @@ func wholeAndUnchanged(l *localrecovery.Local, m *manifests.Manifest) bool {
 		}
 	}
 	return true
-}
-
-func syncFile(p string) error {
-	f, err := os.Open(p)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // pick chooses the checkpoint: the requested one if it is complete and
@@ -377,7 +432,7 @@ func fromLocal(local *localrecovery.Local, dst string, f manifests.File, trustUn
 		return false, nil
 	}
 	if !trustUnchanged || !local.UnchangedInfo(f.Name, fi) {
-		sum, err := hashFile(src)
+		sum, _, err := fsutil.HashFile(context.Background(), src)
 		if err != nil || sum != f.SHA256 {
 			return false, nil
 		}
@@ -442,8 +497,8 @@ func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int6
 	h := sha256.New()
 	w := io.MultiWriter(out, h)
 	var n int64
-	bp := bufs.Get().(*[]byte)
-	defer bufs.Put(bp)
+	bp := fsutil.GetBuf()
+	defer fsutil.PutBuf(bp)
 	buf := *bp
 	for {
 		k, rerr := r.Read(buf)
@@ -479,35 +534,4 @@ func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int6
 		return err
 	}
 	return out.Close()
-}
-
-// bufs holds the 1 MiB copy buffers of the workers: one per file would be
-// a gigabyte of garbage per gigabyte restored.
-var bufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
-
-func hashFile(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	bp := bufs.Get().(*[]byte)
-	defer bufs.Put(bp)
-	if _, err := io.CopyBuffer(h, f, *bp); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return err
-	}
-	return nil
 }

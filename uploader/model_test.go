@@ -140,8 +140,11 @@ func (m *model) checkpoint(task string, ids []int, budget int64) {
 		if err == nil {
 			m.local.Complete(task, n, mf, enc)
 			cat, _ := manifests.Scan(m.ctx, m.store, job, task)
-			if _, err := manifests.RetireOld(m.ctx, m.store, cat, task, m.retain); err != nil {
-				m.t.Fatal(err)
+			_, retire := manifests.Retention(cat.Retained(task), m.retain)
+			for _, old := range retire {
+				if err := manifests.Retire(m.ctx, m.store, job, task, old.Checkpoint); err != nil {
+					m.t.Fatal(err)
+				}
 			}
 			return
 		}

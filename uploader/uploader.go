@@ -20,6 +20,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -50,11 +51,9 @@ type Request struct {
 	Concurrency int
 	// InlineMax is the largest private file kept inline (default 64 KiB).
 	InlineMax int64
-	// Full uploads every file even when a confirmed object holds it: the
-	// full-checkpoint baseline that benchmarks compare against.
-	Full bool
-	// OnUpload, when set, is called after each object is written.
-	OnUpload func(key string, size int64)
+	// Classify says whether a file is shared (immutable, deduplicated) or
+	// private (default manifests.Classify).
+	Classify func(name string) manifests.Kind
 }
 
 // Result is the outcome of an upload: the files of the manifest to write.
@@ -83,157 +82,208 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 	if req.InlineMax <= 0 {
 		req.InlineMax = DefaultInlineMax
 	}
+	if req.Classify == nil {
+		req.Classify = manifests.Classify
+	}
 	sn := req.Snapshot
-	res := &Result{Files: make([]manifests.File, len(sn.Files))}
-	var mu sync.Mutex // guards res counters and claimed
-	claimed := map[string]bool{}
-	// Each upload gets a span, up to maxSpans of them: a checkpoint of
-	// thousands of files should not flood the trace.
-	const maxSpans = 32
-	var spans atomic.Int64
-	tracer := telemetry.Tracer()
-
+	u := &upload{req: req, res: &Result{Files: make([]manifests.File, len(sn.Files))},
+		claimed: map[string]bool{}, tracer: telemetry.Tracer()}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(req.Concurrency)
-	// Largest files first: the last to start are the small ones, so the
-	// workers finish together, not one large file alone at the end.
-	order := make([]int, len(sn.Files))
-	for i := range order {
-		order[i] = i
-	}
-	sort.SliceStable(order, func(a, b int) bool { return sn.Files[order[a]].Size > sn.Files[order[b]].Size })
-	for _, i := range order {
-		lf := sn.Files[i]
-		f := &res.Files[i]
-		*f = manifests.File{Name: lf.Name, Kind: manifests.Classify(lf.Name), Size: lf.Size}
-		g.Go(func() error {
-			if err := gctx.Err(); err != nil {
-				return err
-			}
-			path := sn.Path(lf.Name)
-			var key string
-			var data []byte // the file's bytes, when read whole (bufferedMax)
-			switch {
-			case f.Kind == manifests.Shared:
-				if sha, ok := req.Hashes[lf.ID()]; ok {
-					f.SHA256 = sha
-					mu.Lock()
-					res.HashesReused++
-					mu.Unlock()
-				} else if lf.Size <= bufferedMax {
-					// Read once: the hash and the upload take the same bytes.
-					b, sha, release, err := readBuffered(path, lf)
-					if err != nil {
-						return err
-					}
-					defer release()
-					data, f.SHA256 = b, sha
-					mu.Lock()
-					res.BytesHashed += lf.Size
-					mu.Unlock()
-				} else {
-					sha, err := hashFile(gctx, path, lf.Size)
-					if err != nil {
-						return err
-					}
-					f.SHA256 = sha
-					mu.Lock()
-					res.BytesHashed += lf.Size
-					mu.Unlock()
-				}
-				f.Key = manifests.SharedKey(req.Job, f.SHA256, f.Size)
-				id := f.ContentID()
-				mu.Lock()
-				confirmed, ok := req.Confirmed[id]
-				switch {
-				case ok && !req.Full && confirmed == f.Key:
-					res.FilesReused++
-				case claimed[id]: // same bytes as another file of this snapshot
-					res.FilesReused++
-				default:
-					claimed[id] = true
-					f.Uploaded = true
-					res.FilesUploaded++
-					key = f.Key
-				}
-				mu.Unlock()
-			case lf.Size <= req.InlineMax:
-				data, err := readSmall(path, lf.Size)
-				if err != nil {
-					return err
-				}
-				sum := sha256.Sum256(data)
-				f.SHA256, f.Inline, f.Uploaded = hex.EncodeToString(sum[:]), data, true
-				if f.Inline == nil {
-					f.Inline = []byte{}
-				}
-				mu.Lock()
-				res.FilesUploaded++
-				mu.Unlock()
-			default:
-				f.Key = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
-				f.Uploaded = true
-				key = f.Key
-				if lf.Size <= bufferedMax {
-					b, sha, release, err := readBuffered(path, lf)
-					if err != nil {
-						return err
-					}
-					defer release()
-					data, f.SHA256 = b, sha
-				}
-				mu.Lock()
-				res.FilesUploaded++
-				mu.Unlock()
-			}
-			if key == "" {
-				return nil
-			}
-			uctx := gctx
-			if spans.Add(1) <= maxSpans {
-				var span trace.Span
-				uctx, span = tracer.Start(gctx, "upload.object", trace.WithAttributes(
-					attribute.String("ckpt.file", f.Name), attribute.Int64("ckpt.size", f.Size)))
-				defer span.End()
-			}
-			var sha string
-			var err error
-			if data != nil {
-				// The bytes hashed are the bytes sent. A file written
-				// meanwhile still fails the checkpoint: the app broke the
-				// immutability its local copy relies on.
-				err = req.Store.Put(uctx, key, bytes.NewReader(data), int64(len(data)))
-				if fi, serr := os.Stat(path); err == nil && (serr != nil || fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime) {
-					err = fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", path)
-				}
-			} else {
-				sha, err = putFile(uctx, req.Store, key, path, lf, f.SHA256 == "")
-			}
-			if err != nil {
-				return fmt.Errorf("upload %s: %w", f.Name, err)
-			}
-			if f.SHA256 == "" {
-				f.SHA256 = sha
-			}
-			mu.Lock()
-			res.BytesWritten += f.Size
-			mu.Unlock()
-			if req.OnUpload != nil {
-				req.OnUpload(key, f.Size)
-			}
-			return nil
-		})
+	for _, i := range largestFirst(sn.Files) {
+		lf, f := sn.Files[i], &u.res.Files[i]
+		*f = manifests.File{Name: lf.Name, Kind: req.Classify(lf.Name), Size: lf.Size}
+		g.Go(func() error { return u.file(gctx, lf, f) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	return res, nil
+	return u.res, nil
 }
 
-// hashBuf is the read size for hashing; large reads keep syscalls cheap.
-const hashBuf = 1 << 20
+// largestFirst returns the indexes of files, largest file first: the last
+// to start are the small ones, so the workers finish together, not one
+// large file alone at the end.
+func largestFirst(files []localrecovery.File) []int {
+	order := make([]int, len(files))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(a, b int) bool { return files[order[a]].Size > files[order[b]].Size })
+	return order
+}
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, hashBuf); return &b }}
+// maxSpans bounds the upload spans of one checkpoint: a checkpoint of
+// thousands of files should not flood the trace.
+const maxSpans = 32
+
+// upload is the state one Upload shares among its workers.
+type upload struct {
+	req     Request
+	res     *Result
+	mu      sync.Mutex      // guards res counters and claimed
+	claimed map[string]bool // content ids this snapshot uploads
+	spans   atomic.Int64
+	tracer  trace.Tracer
+}
+
+// body is what a file's transfer sends: the object key ("" when nothing is
+// to be sent), and the file's bytes when they were read whole
+// (bufferedMax), held until release.
+type body struct {
+	key     string
+	data    []byte
+	release func()
+}
+
+// tally updates the result's counters under the lock.
+func (u *upload) tally(fn func(r *Result)) {
+	u.mu.Lock()
+	fn(u.res)
+	u.mu.Unlock()
+}
+
+// file is the pipeline of one file: the path of its kind, then the
+// transfer of its object if that path chose to send one.
+func (u *upload) file(ctx context.Context, lf localrecovery.File, f *manifests.File) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	path := u.req.Snapshot.Path(lf.Name)
+	var b body
+	var err error
+	switch {
+	case f.Kind == manifests.Shared:
+		b, err = u.shared(ctx, path, lf, f)
+	case lf.Size <= u.req.InlineMax:
+		return u.inline(path, lf, f)
+	default:
+		b, err = u.private(path, lf, f)
+	}
+	if err != nil {
+		return err
+	}
+	if b.release != nil {
+		defer b.release()
+	}
+	if b.key == "" {
+		return nil
+	}
+	return u.transfer(ctx, path, lf, f, b)
+}
+
+// shared identifies a shared file by its content (a known hash, or one
+// computed now) and sends its object unless dedup finds it stored.
+func (u *upload) shared(ctx context.Context, path string, lf localrecovery.File, f *manifests.File) (body, error) {
+	var b body
+	if sha, ok := u.req.Hashes[lf.ID()]; ok {
+		f.SHA256 = sha
+		u.tally(func(r *Result) { r.HashesReused++ })
+	} else {
+		var err error
+		if lf.Size <= bufferedMax {
+			// Read once: the hash and the upload take the same bytes.
+			b.data, f.SHA256, b.release, err = readBuffered(path, lf)
+		} else {
+			f.SHA256, err = hashFile(ctx, path, lf.Size)
+		}
+		if err != nil {
+			return body{}, err
+		}
+		u.tally(func(r *Result) { r.BytesHashed += lf.Size })
+	}
+	f.Key = manifests.SharedKey(u.req.Job, f.SHA256, f.Size)
+	if u.dedup(f) {
+		b.key = f.Key
+	}
+	return b, nil
+}
+
+// dedup decides whether the content of the shared file f must be uploaded:
+// not when a confirmed object holds it under the same key, nor when
+// another file of this snapshot (same bytes) already claimed its upload.
+// It counts f as reused or uploaded.
+func (u *upload) dedup(f *manifests.File) bool {
+	id := f.ContentID()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if key, ok := u.req.Confirmed[id]; (ok && key == f.Key) || u.claimed[id] {
+		u.res.FilesReused++
+		return false
+	}
+	u.claimed[id] = true
+	f.Uploaded = true
+	u.res.FilesUploaded++
+	return true
+}
+
+// inline keeps a small private file inside the manifest: nothing to send.
+func (u *upload) inline(path string, lf localrecovery.File, f *manifests.File) error {
+	data, err := readSmall(path, lf.Size)
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256(data)
+	f.SHA256, f.Inline, f.Uploaded = hex.EncodeToString(sum[:]), data, true
+	if f.Inline == nil {
+		f.Inline = []byte{}
+	}
+	u.tally(func(r *Result) { r.FilesUploaded++ })
+	return nil
+}
+
+// private sends a private file as an object of this checkpoint's own,
+// hashed on the way (read whole first when small).
+func (u *upload) private(path string, lf localrecovery.File, f *manifests.File) (body, error) {
+	f.Key = manifests.PrivateKey(u.req.Job, u.req.Task, u.req.Checkpoint, f.Name)
+	f.Uploaded = true
+	b := body{key: f.Key}
+	if lf.Size <= bufferedMax {
+		var err error
+		if b.data, f.SHA256, b.release, err = readBuffered(path, lf); err != nil {
+			return body{}, err
+		}
+	}
+	u.tally(func(r *Result) { r.FilesUploaded++ })
+	return b, nil
+}
+
+// transfer writes the object b.key of f, from b.data when the file was
+// read whole, else streaming the file (hashing it if f has no hash yet).
+func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.File, f *manifests.File, b body) error {
+	if u.spans.Add(1) <= maxSpans {
+		var span trace.Span
+		ctx, span = u.tracer.Start(ctx, "upload.object", trace.WithAttributes(
+			attribute.String("ckpt.file", f.Name), attribute.Int64("ckpt.size", f.Size)))
+		defer span.End()
+	}
+	var sha string
+	var err error
+	if b.data != nil {
+		err = putBuffered(ctx, u.req.Store, b.key, path, lf, b.data)
+	} else {
+		sha, err = putFile(ctx, u.req.Store, b.key, path, lf, f.SHA256 == "")
+	}
+	if err != nil {
+		return fmt.Errorf("upload %s: %w", f.Name, err)
+	}
+	if f.SHA256 == "" {
+		f.SHA256 = sha
+	}
+	u.tally(func(r *Result) { r.BytesWritten += f.Size })
+	return nil
+}
+
+// putBuffered uploads a file read whole: the bytes hashed are the bytes
+// sent. A file written meanwhile still fails the checkpoint: the app broke
+// the immutability its local copy relies on.
+func putBuffered(ctx context.Context, s storage.Store, key, path string, lf localrecovery.File, data []byte) error {
+	err := s.Put(ctx, key, bytes.NewReader(data), int64(len(data)))
+	if fi, serr := os.Stat(path); err == nil && (serr != nil || fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime) {
+		err = fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", path)
+	}
+	return err
+}
 
 // bufferedMax is the size up to which a file that must be hashed is read
 // whole into memory once, hashed, and uploaded from that buffer: one read
@@ -278,33 +328,14 @@ func readBuffered(path string, lf localrecovery.File) (data []byte, sha string, 
 
 // hashFile streams a file through SHA-256 and checks its size.
 func hashFile(ctx context.Context, path string, size int64) (string, error) {
-	f, err := os.Open(path)
+	sha, n, err := fsutil.HashFile(ctx, path)
 	if err != nil {
 		return "", err
-	}
-	defer f.Close()
-	h := sha256.New()
-	bp := bufPool.Get().(*[]byte)
-	defer bufPool.Put(bp)
-	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return "", err
-		}
-		k, err := f.Read(*bp)
-		h.Write((*bp)[:k])
-		n += int64(k)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return "", fmt.Errorf("hash %s: %w", path, err)
-		}
 	}
 	if n != size {
 		return "", fmt.Errorf("hash %s: read %d bytes, the snapshot had %d: snapshot files must be immutable", path, n, size)
 	}
-	return hex.EncodeToString(h.Sum(nil)), nil
+	return sha, nil
 }
 
 func readSmall(path string, size int64) ([]byte, error) {

@@ -83,10 +83,6 @@ func TestConfirmedObjectsAreReusedAndOthersUploaded(t *testing.T) {
 	if res.FilesReused != 1 || res.FilesUploaded != 1 || c.puts.Load() != 1 || res.Files[1].Uploaded != true {
 		t.Fatalf("reuse of confirmed only: %+v, %d puts", res, c.puts.Load())
 	}
-	full, err := uploader.Upload(context.Background(), uploader.Request{Store: c, Job: "job", Task: "t", Checkpoint: 3, Snapshot: sn, Confirmed: confirmed, Full: true})
-	if err != nil || full.FilesReused != 0 || full.FilesUploaded != 2 {
-		t.Fatalf("full upload: %+v %v", full, err)
-	}
 }
 
 func TestAFileWrittenDuringItsUploadFailsTheUpload(t *testing.T) {
@@ -117,5 +113,25 @@ func TestKnownInodesAreNotHashedAgain(t *testing.T) {
 	}
 	if res.HashesReused != 1 || res.BytesHashed != 7000 || res.Files[0].SHA256 != first.Files[0].SHA256 {
 		t.Fatalf("hash index unused: %+v", res)
+	}
+}
+
+func TestClassifyDecidesSharedOrPrivate(t *testing.T) {
+	sn, st := snapshot(t, map[string]string{"000001.sst": "table", "data.bin": "immutable"})
+	classify := func(name string) manifests.Kind {
+		if name == "data.bin" {
+			return manifests.Shared
+		}
+		return manifests.Private
+	}
+	res, err := uploader.Upload(context.Background(), uploader.Request{Store: st, Job: "job", Task: "t", Checkpoint: 1, Snapshot: sn, Classify: classify})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Files[0].Name != "000001.sst" || res.Files[0].Kind != manifests.Private || res.Files[0].Inline == nil {
+		t.Fatalf("000001.sst, private by Classify: %+v", res.Files[0])
+	}
+	if res.Files[1].Kind != manifests.Shared || !strings.HasPrefix(res.Files[1].Key, manifests.SharedPrefix("job")) {
+		t.Fatalf("data.bin, shared by Classify: %+v", res.Files[1])
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
@@ -181,7 +182,7 @@ func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size 
 		return fmt.Errorf("put %s: %w", key, err)
 	}
 	committed = true
-	if err := syncDir(dir); err != nil {
+	if err := fsutil.SyncDir(dir); err != nil {
 		return fmt.Errorf("put %s: fsync directory: %w", key, err)
 	}
 	return nil
@@ -205,18 +206,6 @@ func createTemp(dir, base string) (*os.File, error) {
 		}
 	}
 	return nil, err
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return err
-	}
-	return nil
 }
 
 func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
