@@ -10,6 +10,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/engines"
 	"log/slog"
 	"net"
 	"os"
@@ -59,6 +60,9 @@ type Config struct {
 	// ShutdownGrace is how long a stopping agent lets in-flight checkpoints
 	// finish before aborting them (default 30s).
 	ShutdownGrace time.Duration
+	// Engines resolves the engine a checkpoint request names (nil:
+	// engines.Default); a name it does not know is refused as bad_request.
+	Engines *engines.Registry
 	// Version is reported by hello.
 	Version string
 	Logger  *slog.Logger
@@ -120,6 +124,9 @@ func (c *Config) defaults() error {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Engines == nil {
+		c.Engines = engines.Default
 	}
 	if c.Version == "" {
 		c.Version = "dev"

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/ckpt-io/ckpt/client"
+	_ "github.com/ckpt-io/ckpt/engines/pebble"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
@@ -159,6 +160,37 @@ func ctxT(t *testing.T) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return c
+}
+
+// An engine the agent does not know is refused before anything is linked
+// or written: a wrong classification could call a mutable file shared.
+func TestAnUnknownEngineIsRefused(t *testing.T) {
+	h := start(t, nil, nil)
+	c := h.dial()
+	dir := h.snapshot("s1", map[string]int{"000001.sst": 1000, "CURRENT": 16})
+	p, err := c.Checkpoint(ctxT(t), "t1", 1, dir, "leveldb")
+	if err == nil {
+		_, err = p.Wait(ctxT(t))
+	}
+	var pe *protocol.Error
+	if !errors.As(err, &pe) || pe.Code != protocol.CodeBadRequest || !strings.Contains(pe.Message, `unknown engine "leveldb"`) {
+		t.Fatalf("checkpoint with engine leveldb: %v, want bad_request naming the engine", err)
+	}
+	var keys []string
+	h.store.List(ctxT(t), "", func(o storage.ObjectInfo) error { keys = append(keys, o.Key); return nil })
+	if len(keys) != 0 {
+		t.Fatalf("a refused request wrote %v", keys)
+	}
+	var left []string
+	filepath.WalkDir(h.local, func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			left = append(left, p)
+		}
+		return nil
+	})
+	if len(left) != 0 {
+		t.Fatalf("a refused request left %v in the local dir", left)
+	}
 }
 
 func TestCheckpointUploadsOnlyNewSharedFiles(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/engines"
+	"go.opentelemetry.io/otel"
 	"slices"
 	"sort"
 	"sync"
@@ -48,6 +50,7 @@ type task struct {
 type checkpoint struct {
 	t      *task
 	req    protocol.Request
+	engine engines.Engine // the engine the request named (classifies its files)
 	c      *conn
 	start  time.Time
 	synced time.Time
@@ -82,6 +85,11 @@ func failed(req protocol.Request, e *protocol.Error) protocol.Event {
 // bound, and hard links. No hashing, no network, no fsync.
 func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	start := time.Now()
+	eng, err := a.cfg.Engines.Lookup(req.Engine)
+	if err != nil {
+		c.send(failed(req, errorf(protocol.CodeBadRequest, "%v", err)))
+		return
+	}
 	dir, perr := a.resolveDir(req.Dir)
 	if perr != nil {
 		c.send(failed(req, perr))
@@ -109,15 +117,15 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 		return
 	}
 	ctx, cancel := context.WithCancel(telemetry.ContextWithTraceparent(a.jobsCtx, req.Traceparent))
-	ctx, span := telemetry.Tracer().Start(ctx, "checkpoint", trace.WithTimestamp(start), trace.WithAttributes(
+	ctx, span := otel.Tracer("ckpt").Start(ctx, "checkpoint", trace.WithTimestamp(start), trace.WithAttributes(
 		attribute.String("ckpt.job", a.cfg.Job), attribute.String("ckpt.task", req.Task), attribute.Int64("ckpt.checkpoint", int64(req.Checkpoint))))
-	ck := &checkpoint{t: t, req: req, c: c, start: start, ctx: ctx, cancel: cancel, span: span, done: make(chan struct{})}
+	ck := &checkpoint{t: t, req: req, engine: eng, c: c, start: start, ctx: ctx, cancel: cancel, span: span, done: make(chan struct{})}
 	t.inflight[req.Checkpoint] = ck
 	a.jobs.Add(1)
 	a.mu.Unlock()
 	a.cfg.Telemetry.CheckpointStarted(ctx, req.Task)
 
-	_, syncSpan := telemetry.Tracer().Start(ctx, "sync")
+	_, syncSpan := otel.Tracer("ckpt").Start(ctx, "sync")
 	snap, err := a.local.Take(req.Task, req.Checkpoint, dir, req.Handoff)
 	syncSpan.End()
 	if err != nil {
@@ -329,10 +337,10 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	a.mu.Unlock()
 	confirmedAt := time.Now()
 
-	uctx, upSpan := telemetry.Tracer().Start(ctx, "upload")
+	uctx, upSpan := otel.Tracer("ckpt").Start(ctx, "upload")
 	res, err := uploader.Upload(uctx, uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint,
-		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes,
+		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
 		Concurrency: a.cfg.UploadConcurrency,
 	})
 	if err != nil {
@@ -355,10 +363,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 			}
 		}
 	}
-	engine := req.Engine
-	if engine == "" {
-		engine = "generic"
-	}
+	engine := ck.engine.Name()
 	m := &manifests.Manifest{
 		Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Parent: parent,
 		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Files: res.Files,
@@ -375,7 +380,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	if err := ctx.Err(); err != nil {
 		return protocol.Event{}, err
 	}
-	_, commitSpan := telemetry.Tracer().Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
+	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = a.commit(ctx, m, encoded)
 	commitSpan.End()
 	if err != nil {
@@ -471,7 +476,7 @@ func (a *Agent) maybeSweep() {
 	a.jobs.Add(1)
 	go func() {
 		defer a.jobs.Done()
-		ctx, span := telemetry.Tracer().Start(a.jobsCtx, "gc", trace.WithAttributes(attribute.String("ckpt.job", a.cfg.Job)))
+		ctx, span := otel.Tracer("ckpt").Start(a.jobsCtx, "gc", trace.WithAttributes(attribute.String("ckpt.job", a.cfg.Job)))
 		rep, err := manifests.GC(ctx, a.cfg.Store, a.cfg.Job, manifests.GCOptions{Grace: a.cfg.GCGrace})
 		span.SetAttributes(attribute.Int("ckpt.deleted_objects", rep.DeletedObjects), attribute.Int64("ckpt.live_bytes", rep.LiveBytes))
 		span.End()

@@ -3,6 +3,7 @@ package localrecovery
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/ckpt-io/ckpt/engines"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -111,7 +112,7 @@ func manifestFor(t *testing.T, task string, n uint64, dir string, names ...strin
 	m := &manifests.Manifest{Job: "job", Task: task, Checkpoint: n}
 	for _, name := range names {
 		b, _ := os.ReadFile(filepath.Join(dir, name))
-		f := manifests.File{Name: name, Kind: manifests.Classify(name), Size: int64(len(b)), SHA256: sum(b)}
+		f := manifests.File{Name: name, Kind: engines.SharedBySuffix(name), Size: int64(len(b)), SHA256: sum(b)}
 		if f.Kind == manifests.Shared {
 			f.Key = manifests.SharedKey("job", f.SHA256, f.Size)
 		} else {

@@ -231,12 +231,3 @@ func (m *Manifest) Validate() error {
 	}
 	return nil
 }
-
-// Classify says whether a snapshot file is shared (immutable, deduplicated)
-// or private to its checkpoint.
-func Classify(name string) Kind {
-	if strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob") {
-		return Shared
-	}
-	return Private
-}

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"go.opentelemetry.io/otel"
 	"io"
 	"io/fs"
 	"os"
@@ -27,7 +28,6 @@ import (
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
-	"github.com/ckpt-io/ckpt/telemetry"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -134,7 +134,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		return nil, err
 	}
-	ctx, r.span = telemetry.Tracer().Start(ctx, "restore", trace.WithAttributes(
+	ctx, r.span = otel.Tracer("ckpt").Start(ctx, "restore", trace.WithAttributes(
 		attribute.String("ckpt.job", o.Job), attribute.String("ckpt.task", o.Task), attribute.Int64("ckpt.checkpoint", int64(r.n)),
 		attribute.Int("ckpt.files", len(r.m.Files)), attribute.Int64("ckpt.full_size", r.m.FullSize)))
 	defer r.span.End()

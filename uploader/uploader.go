@@ -11,6 +11,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"github.com/ckpt-io/ckpt/engines"
+	"go.opentelemetry.io/otel"
 	"hash"
 	"io"
 	"os"
@@ -24,7 +26,6 @@ import (
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
-	"github.com/ckpt-io/ckpt/telemetry"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -52,7 +53,8 @@ type Request struct {
 	// InlineMax is the largest private file kept inline (default 64 KiB).
 	InlineMax int64
 	// Classify says whether a file is shared (immutable, deduplicated) or
-	// private (default manifests.Classify).
+	// private; the engine's classification (default
+	// engines.SharedBySuffix: *.sst and *.blob shared).
 	Classify func(name string) manifests.Kind
 }
 
@@ -83,11 +85,11 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 		req.InlineMax = DefaultInlineMax
 	}
 	if req.Classify == nil {
-		req.Classify = manifests.Classify
+		req.Classify = engines.SharedBySuffix
 	}
 	sn := req.Snapshot
 	u := &upload{req: req, res: &Result{Files: make([]manifests.File, len(sn.Files))},
-		claimed: map[string]bool{}, tracer: telemetry.Tracer()}
+		claimed: map[string]bool{}, tracer: otel.Tracer("ckpt")}
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(req.Concurrency)
 	for _, i := range largestFirst(sn.Files) {

@@ -35,6 +35,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	_ "github.com/ckpt-io/ckpt/engines/pebble" // the engine the app names
 	"io"
 	"log/slog"
 	"os"
