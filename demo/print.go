@@ -2,10 +2,11 @@ package demo
 
 import (
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/ckpt-io/ckpt/internal/human"
 )
 
 // print writes the human report: the checkpoint table with its notes,

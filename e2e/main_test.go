@@ -10,7 +10,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/testservers"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -24,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/testservers"
 )
 
 // ckptBin is the ckpt binary built once by TestMain.

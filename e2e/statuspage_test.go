@@ -6,7 +6,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"image/png"
 	"io"
 	"net"
@@ -20,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/human"
 )
 
 // chromiumPath is Debian's chromium package; .ci/run installs it.

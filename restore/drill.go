@@ -3,10 +3,10 @@ package restore
 import (
 	"context"
 	"fmt"
-	"github.com/ckpt-io/ckpt/engines"
 	"os"
 	"time"
 
+	"github.com/ckpt-io/ckpt/engines"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )

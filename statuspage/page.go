@@ -4,13 +4,14 @@ package statuspage
 
 import (
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
-	"github.com/ckpt-io/ckpt/telemetry"
 	"html/template"
 	"io"
 	"math"
 	"strconv"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/human"
+	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 // The status page is one self-contained HTML document: inline CSS, inline

@@ -5,13 +5,14 @@ import (
 	"encoding/xml"
 	"flag"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
-	"github.com/ckpt-io/ckpt/telemetry"
 	"os"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/human"
+	"github.com/ckpt-io/ckpt/telemetry"
 )
 
 var pageOut = flag.String("page.out", "", "write the sample status page of TestStatusPage to this file (to look at it in a browser)")

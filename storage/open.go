@@ -29,6 +29,19 @@ func Register(scheme string, open Opener) {
 	registry[scheme] = open
 }
 
+// RegisterParsed registers a backend as two steps: parse the URL into the
+// backend's options, then open a store with them. A failed parse opens
+// nothing.
+func RegisterParsed[O any, S Store](scheme string, parse func(*url.URL) (O, error), open func(context.Context, O) (S, error)) {
+	Register(scheme, func(ctx context.Context, u *url.URL) (Store, error) {
+		o, err := parse(u)
+		if err != nil {
+			return nil, err
+		}
+		return open(ctx, o)
+	})
+}
+
 // Open opens the store a storage URL names, such as file:///var/ckpt or
 // s3://bucket/prefix. The backend's package must be imported (for its init).
 func Open(ctx context.Context, rawURL string) (Store, error) {

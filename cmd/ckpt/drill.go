@@ -3,9 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 
 	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"github.com/ckpt-io/ckpt/restore"
 )
 

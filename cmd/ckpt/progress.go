@@ -2,11 +2,12 @@ package main
 
 import (
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"os"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/human"
 )
 
 // progress draws a one-line bar (bytes, rate, ETA) on stderr when stderr is

@@ -35,7 +35,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	_ "github.com/ckpt-io/ckpt/engines/pebble" // the engine the app names
 	"io"
 	"log/slog"
 	"os"
@@ -46,6 +45,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
+	_ "github.com/ckpt-io/ckpt/engines/pebble" // the engine the app names
 	"github.com/ckpt-io/ckpt/internal/workload"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/file" // file:// storage

@@ -4,13 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/ckpt-io/ckpt/internal/servers"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/servers"
 )
 
 // TestQuickRunReportsEveryFigureAndVerifiesRestores runs the bench in

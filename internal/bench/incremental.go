@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/internal/human"
 	"github.com/ckpt-io/ckpt/internal/workload"
 	"github.com/ckpt-io/ckpt/restore"
 )

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/internal/human"
 )
 
 // memory runs `ckpt agent` as its own process and has it upload a large

@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"io"
 	"io/fs"
 	"math/rand/v2"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 
+	"github.com/ckpt-io/ckpt/internal/human"
 	"github.com/ckpt-io/ckpt/restore"
 )
 

@@ -2,13 +2,14 @@ package bench
 
 import (
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/human"
 	"io"
 	"math"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/human"
 )
 
 // Report is what a run measured; its JSON is `ckpt-bench --json`. A figure

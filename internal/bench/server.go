@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/servers"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
+	"github.com/ckpt-io/ckpt/internal/servers"
 	"github.com/ckpt-io/ckpt/storage"
 	s3store "github.com/ckpt-io/ckpt/storage/s3"
 )

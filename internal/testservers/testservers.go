@@ -16,7 +16,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/servers"
 	"net/http"
 	"net/url"
 	"os"
@@ -26,6 +25,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ckpt-io/ckpt/internal/servers"
 )
 
 // Pinned server versions (see package servers).

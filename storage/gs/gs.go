@@ -47,15 +47,7 @@ import (
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-func init() {
-	storage.Register("gs", func(ctx context.Context, u *url.URL) (storage.Store, error) {
-		o, err := ParseURL(u)
-		if err != nil {
-			return nil, err
-		}
-		return New(ctx, o)
-	})
-}
+func init() { storage.RegisterParsed("gs", ParseURL, New) }
 
 // DefaultChunkSize is the upload chunk size and the largest object sent in
 // a single request.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/storage"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +11,8 @@ import (
 
 	gcs "cloud.google.com/go/storage"
 	"google.golang.org/api/googleapi"
+
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // OpenError is the one-line error New returns when the bucket cannot be

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/storage"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +11,8 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 // OpenError is the one-line error New returns when the bucket cannot be

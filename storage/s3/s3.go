@@ -70,15 +70,7 @@ import (
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-func init() {
-	storage.Register("s3", func(ctx context.Context, u *url.URL) (storage.Store, error) {
-		o, err := ParseURL(u)
-		if err != nil {
-			return nil, err
-		}
-		return New(ctx, o)
-	})
-}
+func init() { storage.RegisterParsed("s3", ParseURL, New) }
 
 // Defaults for Options.
 const (
