@@ -167,6 +167,9 @@ func (r *run) sidecarOn(ctx context.Context, name string, nice int, url string, 
 	}
 	args := []string{"agent", "--socket", sock, "--storage", url, "--job", "bench-" + r.id + "-" + name,
 		"--local-dir", filepath.Join(dir, "local"), "--allow-root", r.root, "--log-level", "warn"}
+	if strings.HasPrefix(url, "file://") {
+		args = append(args, "--create-storage") // the bench's file store may not exist yet
+	}
 	if r.o.AgentMetricsAddr != "" && name == "rss" {
 		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
 	}
