@@ -18,6 +18,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ckpt-io/ckpt/localrecovery"
@@ -34,9 +35,21 @@ type Config struct {
 	Store    storage.Store // where checkpoints go (required)
 	Job      string        // the job namespace in storage (required)
 	LocalDir string        // the task-local store (required)
-	// AllowRoots confines checkpoint dirs: a dir must resolve, after
-	// symlinks, inside one of them. Empty allows any dir.
+	// AllowRoots confines checkpoint dirs and restore targets: a dir must
+	// resolve, after symlinks, inside one of them. At least one absolute
+	// root is required; "/" allows any dir, explicitly.
 	AllowRoots []string
+	// AllowUIDs and AllowGIDs, when either is set, restrict who may
+	// connect: a peer whose uid (SO_PEERCRED) is not in AllowUIDs and whose
+	// gid is not in AllowGIDs gets forbidden and is disconnected. Both
+	// empty: anyone who can open the socket may use it.
+	AllowUIDs, AllowGIDs []uint32
+	// MaxConnections bounds the open client connections; beyond it a new
+	// one gets unavailable and is closed (default 256).
+	MaxConnections int
+	// IdleTimeout closes a connection that has sent nothing and awaits no
+	// reply for that long (default 10m; negative: never).
+	IdleTimeout time.Duration
 	// Retain is how many complete checkpoints each task keeps (default 2).
 	Retain int
 	// GCGrace is the age an unreferenced object must reach before GC
@@ -80,6 +93,9 @@ type Config struct {
 	// restore.ErrTargetNotEmpty conflict, anything else internal. nil makes
 	// the op answer unavailable.
 	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (*restore.Result, error)
+
+	// wrapListener, when set (by tests), wraps the socket's listener.
+	wrapListener func(net.Listener) net.Listener
 }
 
 func (c *Config) defaults() error {
@@ -88,6 +104,18 @@ func (c *Config) defaults() error {
 	}
 	if err := manifests.ValidName("job", c.Job); err != nil {
 		return err
+	}
+	if len(c.AllowRoots) == 0 {
+		return errors.New("agent: at least one allowed root is required: it confines the dirs a peer of the socket may checkpoint or restore into (\"/\" allows any, explicitly)")
+	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = 256
+	}
+	if c.MaxConnections < 1 {
+		return fmt.Errorf("max connections must be at least 1, got %d", c.MaxConnections)
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 10 * time.Minute
 	}
 	if c.Retain == 0 {
 		c.Retain = 2
@@ -132,11 +160,10 @@ func (c *Config) defaults() error {
 		c.Version = "dev"
 	}
 	for i, r := range c.AllowRoots {
-		abs, err := filepath.Abs(r)
-		if err != nil {
-			return fmt.Errorf("allow root %q: %w", r, err)
+		if !filepath.IsAbs(r) {
+			return fmt.Errorf("allow root %q is relative: give an absolute path", r)
 		}
-		resolved, err := filepath.EvalSymlinks(abs)
+		resolved, err := filepath.EvalSymlinks(r)
 		if err != nil {
 			return fmt.Errorf("allow root %q: %w (it must exist)", r, err)
 		}
@@ -167,6 +194,11 @@ type Agent struct {
 	ready chan struct{}
 	// listening is set while the socket accepts connections (for /readyz).
 	listening bool
+	// acceptErr is the last accept's error while accepts fail; nil once
+	// one succeeds (for /readyz).
+	acceptErr error
+
+	conns atomic.Int64 // open client connections
 }
 
 // New checks cfg and prepares an agent; Run serves it.
@@ -178,6 +210,11 @@ func New(cfg Config) (*Agent, error) {
 	local, err := localrecovery.Open(cfg.LocalDir, cfg.Job)
 	if err != nil {
 		return nil, err
+	}
+	for _, r := range cfg.AllowRoots {
+		if r == "/" {
+			cfg.Logger.Warn("allow root / lets any peer of the socket checkpoint any directory the agent can read and restore into any the agent can write; name the app's data directories with --allow-root instead")
+		}
 	}
 	id := make([]byte, 6)
 	rand.Read(id)
@@ -206,24 +243,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	a.jobsCtx, a.cancelJobs = context.WithCancel(context.WithoutCancel(ctx))
 	connCtx, cancelConns := context.WithCancel(context.WithoutCancel(ctx))
+	var ln net.Listener = l
+	if a.cfg.wrapListener != nil {
+		ln = a.cfg.wrapListener(l)
+	}
 	var conns sync.WaitGroup
-	acceptDone := make(chan struct{})
+	acceptDone, stopAccept := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(acceptDone)
-		for {
-			nc, err := l.Accept()
-			if err != nil {
-				if !errors.Is(err, net.ErrClosed) {
-					a.log.Error("accept", "err", err)
-				}
-				return
-			}
+		a.accept(ln, stopAccept, func(s *session) {
 			conns.Add(1)
 			go func() {
 				defer conns.Done()
-				a.serveConn(connCtx, nc)
+				a.serveConn(connCtx, s)
 			}()
-		}
+		})
 	}()
 	a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID)
 	a.mu.Lock()
@@ -240,7 +274,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.mu.Lock()
 	a.draining = true
 	a.mu.Unlock()
-	l.Close()
+	close(stopAccept)
+	ln.Close()
 	<-acceptDone
 
 	drained := make(chan struct{})
@@ -258,6 +293,62 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.local.Wait() // discarded local copies still being removed
 	a.log.Info("agent stopped")
 	return nil
+}
+
+// accept accepts connections until the listener is closed, and hands each
+// one admitted to serve. A failed accept (EMFILE, ENFILE, ENOBUFS, a
+// connection aborted before it was accepted) is retried with backoff, as
+// net/http's Server.Serve does, and makes the agent unready until an accept
+// succeeds again.
+func (a *Agent) accept(l net.Listener, stop <-chan struct{}, serve func(*session)) {
+	const (
+		firstDelay = 5 * time.Millisecond
+		maxDelay   = time.Second
+		logEvery   = 10 * time.Second
+	)
+	var delay time.Duration
+	var failures int
+	var lastLog time.Time
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			delay = min(max(2*delay, firstDelay), maxDelay)
+			failures++
+			a.mu.Lock()
+			a.acceptErr = err
+			a.mu.Unlock()
+			if time.Since(lastLog) >= logEvery {
+				a.log.Error("accept failed: the socket takes no connections; retrying", "err", err, "failures", failures, "retry_in", delay.String())
+				lastLog = time.Now()
+			}
+			t := time.NewTimer(delay)
+			select {
+			case <-stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		if failures > 0 {
+			a.log.Info("accepting connections again", "failures", failures)
+			a.mu.Lock()
+			a.acceptErr = nil
+			a.mu.Unlock()
+			delay, failures, lastLog = 0, 0, time.Time{}
+		}
+		if s, ok := a.admit(nc); ok {
+			serve(s)
+		}
+	}
 }
 
 // drills runs restore drills on schedule until ctx is done.
@@ -293,16 +384,19 @@ func (a *Agent) drills(ctx context.Context) {
 }
 
 // ReadyCheck reports nil when the agent can take checkpoints: its socket is
-// open, it is not shutting down, and storage answers.
+// open and accepts connections, it is not shutting down, and storage
+// answers.
 func (a *Agent) ReadyCheck(ctx context.Context) error {
 	a.mu.Lock()
-	listening, draining := a.listening, a.draining
+	listening, draining, acceptErr := a.listening, a.draining, a.acceptErr
 	a.mu.Unlock()
 	switch {
 	case draining:
 		return errors.New("shutting down")
 	case !listening:
 		return errors.New("socket not open yet")
+	case acceptErr != nil:
+		return fmt.Errorf("cannot accept connections: %w", acceptErr)
 	}
 	if _, err := a.cfg.Store.Stat(ctx, manifests.TasksPrefix(a.cfg.Job)+".ready-probe"); err != nil && !errors.Is(err, storage.ErrNotFound) {
 		return fmt.Errorf("storage %s unreachable: %w", a.cfg.Store, err)

@@ -232,8 +232,8 @@ func (a *Agent) run(ck *checkpoint) {
 	}
 }
 
-// ended publishes a checkpoint's outcome: one log line, the span's end,
-// and the metrics, all with the same fields.
+// ended publishes a checkpoint's outcome: one log line (with the peer's
+// credentials), the span's end, and the metrics, all with the same fields.
 func (a *Agent) ended(ck *checkpoint, status string, err error) {
 	r := ck.result
 	r.Task, r.Checkpoint, r.Status, r.At = ck.req.Task, ck.req.Checkpoint, status, time.Now()
@@ -251,12 +251,12 @@ func (a *Agent) ended(ck *checkpoint, status string, err error) {
 	switch {
 	case err != nil && status == "failed":
 		ck.span.SetStatus(codes.Error, err.Error())
-		a.log.Error("checkpoint failed", append(attrs, "err", err)...)
+		ck.c.log.Error("checkpoint failed", append(attrs, "err", err)...)
 	case err != nil:
 		ck.span.SetStatus(codes.Error, status)
-		a.log.Warn("checkpoint aborted", append(attrs, "err", err)...)
+		ck.c.log.Warn("checkpoint aborted", append(attrs, "err", err)...)
 	default:
-		a.log.Info("checkpoint completed", attrs...)
+		ck.c.log.Info("checkpoint completed", attrs...)
 	}
 	ck.span.End()
 	a.cfg.Telemetry.CheckpointEnded(context.WithoutCancel(ck.ctx), r)

@@ -3,9 +3,14 @@ package agent
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
@@ -13,19 +18,50 @@ import (
 
 func TestReadLineSkipsOversizeLinesAndKeepsTheStream(t *testing.T) {
 	long := strings.Repeat("x", protocol.MaxLine+1)
-	r := bufio.NewReaderSize(strings.NewReader(long+"\n"+`{"op":"hello"}`+"\n"), 4096)
-	line, tooLong, err := readLine(r)
+	r := &lineReader{r: bufio.NewReaderSize(strings.NewReader(long+"\n"+`{"op":"hello"}`+"\r\n"+`{"op":"status"}`), 4096)}
+	line, tooLong, err := r.next()
 	if err != nil || !tooLong || line != nil {
 		t.Fatalf("oversize line: %d bytes, tooLong=%v, err=%v", len(line), tooLong, err)
 	}
-	line, tooLong, err = readLine(r)
+	line, tooLong, err = r.next()
 	if err != nil || tooLong || string(line) != `{"op":"hello"}` {
 		t.Fatalf("next line: %q %v %v", line, tooLong, err)
 	}
-	exact := strings.Repeat("y", protocol.MaxLine)
-	r = bufio.NewReaderSize(strings.NewReader(exact+"\n"), 4096)
-	if line, tooLong, _ := readLine(r); tooLong || len(line) != protocol.MaxLine {
-		t.Fatalf("a line of exactly 1 MiB was refused")
+	line, tooLong, err = r.next()
+	if err != nil || tooLong || string(line) != `{"op":"status"}` {
+		t.Fatalf("last line without a newline: %q %v %v", line, tooLong, err)
+	}
+	if _, _, err := r.next(); err != io.EOF {
+		t.Fatalf("after the last line: %v, want EOF", err)
+	}
+	for _, n := range []int{protocol.MaxLine, protocol.MaxLine + 1} {
+		exact := strings.Repeat("y", n)
+		r = &lineReader{r: bufio.NewReaderSize(strings.NewReader(exact+"\r\n"), 4096)}
+		line, tooLong, _ := r.next()
+		if want := n > protocol.MaxLine; tooLong != want || (!want && len(line) != n) {
+			t.Fatalf("a line of %d bytes: tooLong=%v len=%d", n, tooLong, len(line))
+		}
+	}
+}
+
+// TestAPartialLineSurvivesATimedOutRead: a read deadline that passes in
+// the middle of a line (the idle timeout of a busy connection) loses
+// nothing of it.
+func TestAPartialLineSurvivesATimedOutRead(t *testing.T) {
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	r := &lineReader{r: bufio.NewReaderSize(b, 4096)}
+	go io.WriteString(a, `{"op":`)
+	b.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, _, err := r.next(); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read with a deadline: %v", err)
+	}
+	b.SetReadDeadline(time.Time{})
+	go io.WriteString(a, `"hello"}`+"\n")
+	line, _, err := r.next()
+	if err != nil || string(line) != `{"op":"hello"}` {
+		t.Fatalf("line after a timed-out read: %q %v", line, err)
 	}
 }
 

@@ -87,7 +87,7 @@ type agentConfig struct {
 	Env        []string
 	Job        string
 	LocalDir   string
-	AllowRoots []string
+	AllowRoots []string // none: "/" (the agent requires at least one)
 	Extra      []string // more flags
 }
 
@@ -104,7 +104,11 @@ func (c agentConfig) args() []string {
 	if c.Storage == "" {
 		args = append(args, "--create-storage")
 	}
-	for _, r := range c.AllowRoots {
+	roots := c.AllowRoots
+	if len(roots) == 0 {
+		roots = []string{"/"} // the agent requires one; "/" allows any dir
+	}
+	for _, r := range roots {
 		args = append(args, "--allow-root", r)
 	}
 	return append(args, c.Extra...)

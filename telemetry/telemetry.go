@@ -115,6 +115,7 @@ type Telemetry struct {
 	restoreBytes                              metric.Int64Counter
 	drillDur, drillThroughput                 metric.Float64Gauge
 	drillOK                                   metric.Int64Gauge
+	requests                                  metric.Int64Counter
 
 	mu     sync.Mutex
 	tasks  map[string]*TaskView
@@ -245,6 +246,7 @@ func (t *Telemetry) instruments(m metric.Meter) error {
 	t.drillDur = fg("ckpt.drill.last.duration", "s", "Duration of the last restore drill: measured restore time from storage alone.")
 	t.drillThroughput = fg("ckpt.drill.last.throughput", "By/s", "Throughput of the last restore drill.")
 	t.drillOK = ig("ckpt.drill.last.verified", "1", "1 if the last restore drill verified every byte, 0 if it failed.")
+	t.requests = ctr("ckpt.requests", "{request}", "Socket requests by op and outcome: ok for accepted ones, else the error code they were refused with (op connect: connections refused at accept).")
 	return errors.Join(errs...)
 }
 
@@ -359,6 +361,16 @@ func (t *Telemetry) RestoreEnded(ctx context.Context, r RestoreRecord) {
 	t.restoreDur.Record(ctx, r.Duration.Seconds(), metric.WithAttributes(t.jobAtt, attribute.String("task", r.Task), attribute.String("status", status)))
 	t.restoreBytes.Add(ctx, r.BytesLocal, metric.WithAttributes(t.jobAtt, attribute.String("task", r.Task), attribute.String("source", "local")))
 	t.restoreBytes.Add(ctx, r.BytesRemote, metric.WithAttributes(t.jobAtt, attribute.String("task", r.Task), attribute.String("source", "remote")))
+}
+
+// RequestEnded counts one socket request by its op and outcome: code is
+// "ok" for a request the agent accepted, else the protocol error code it
+// was refused with.
+func (t *Telemetry) RequestEnded(ctx context.Context, op, code string) {
+	if t == nil {
+		return
+	}
+	t.requests.Add(ctx, 1, metric.WithAttributes(t.jobAtt, attribute.String("op", op), attribute.String("code", code)))
 }
 
 // DrillEnded records a restore drill.

@@ -124,3 +124,31 @@ func TestATraceparentBecomesTheParent(t *testing.T) {
 		t.Fatal("an invalid traceparent produced a parent")
 	}
 }
+
+func TestRequestsAreCountedByOpAndOutcome(t *testing.T) {
+	var none *Telemetry
+	none.RequestEnded(context.Background(), "hello", "ok") // nil records nothing
+	tel, err := New(context.Background(), Options{Job: "orders", Storage: "file:///x", Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	ctx := context.Background()
+	tel.RequestEnded(ctx, "checkpoint", "ok")
+	tel.RequestEnded(ctx, "checkpoint", "ok")
+	tel.RequestEnded(ctx, "checkpoint", "bad_request")
+	tel.RequestEnded(ctx, "connect", "forbidden")
+	_, body := get(t, tel.Handler(ServerOptions{}), "/metrics")
+	for _, want := range []string{
+		`ckpt_requests_total{code="ok",job="orders",op="checkpoint"} 2`,
+		`ckpt_requests_total{code="bad_request",job="orders",op="checkpoint"} 1`,
+		`ckpt_requests_total{code="forbidden",job="orders",op="connect"} 1`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Log(body)
+	}
+}

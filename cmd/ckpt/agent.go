@@ -3,14 +3,17 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
-	"github.com/ckpt-io/ckpt/statuspage"
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ckpt-io/ckpt/statuspage"
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/engines"
@@ -28,6 +31,26 @@ func (s *stringList) Set(v string) error {
 	return nil
 }
 
+// idList is a repeatable flag of numeric user or group ids.
+type idList []uint32
+
+func (l *idList) String() string {
+	s := make([]string, len(*l))
+	for i, id := range *l {
+		s[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(s, ",")
+}
+
+func (l *idList) Set(v string) error {
+	id, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32)
+	if err != nil {
+		return fmt.Errorf("%q is not a numeric id", v)
+	}
+	*l = append(*l, uint32(id))
+	return nil
+}
+
 func runAgent(ctx context.Context, args []string) error {
 	fs := newFlags("agent", "--socket PATH --storage URL --job NAME --local-dir DIR [flags]",
 		"ckpt agent --socket /run/ckpt/ckpt.sock --storage s3://bucket/ckpt --job orders --local-dir /data/ckpt-local --allow-root /data")
@@ -36,7 +59,12 @@ func runAgent(ctx context.Context, args []string) error {
 	job := fs.String("job", "", "job name: the namespace of this deployment in storage")
 	localDir := fs.String("local-dir", "", "task-local store; put it on the app's filesystem so snapshots are hard-linked")
 	var roots stringList
-	fs.Var(&roots, "allow-root", "a checkpoint dir must resolve inside this directory (repeatable; none: any dir)")
+	fs.Var(&roots, "allow-root", "absolute directory that checkpoint dirs and restore targets must resolve inside (repeatable; at least one is required; / allows any, explicitly)")
+	var uids, gids idList
+	fs.Var(&uids, "allow-uid", "only peers (SO_PEERCRED) with this user id, or a group of --allow-gid, may connect (repeatable; none of either: anyone who can open the socket)")
+	fs.Var(&gids, "allow-gid", "only peers with this group id, or a user of --allow-uid, may connect (repeatable)")
+	maxConns := fs.Int("max-connections", 256, "open client connections at once; beyond it new ones are refused as unavailable")
+	idleTimeout := fs.Duration("idle-timeout", 10*time.Minute, "close a connection that sent nothing and awaits no reply for this long (0: never)")
 	retain := fs.Int("retain", 2, "complete checkpoints kept per task")
 	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it")
 	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
@@ -65,6 +93,24 @@ func runAgent(ctx context.Context, args []string) error {
 	if err := checkArgs(fs, "socket", "storage", "job", "local-dir"); err != nil {
 		return err
 	}
+	if len(roots) == 0 {
+		return usageError{errors.New("--allow-root is required: any process that can open the socket may name a dir to checkpoint or restore into, and the allowed roots confine them; give the app's data directory, or --allow-root / to allow any dir explicitly")}
+	}
+	for _, r := range roots {
+		if !filepath.IsAbs(r) {
+			return usageError{fmt.Errorf("--allow-root %q is relative: give an absolute path", r)}
+		}
+	}
+	if *maxConns < 1 {
+		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", *maxConns)}
+	}
+	if *idleTimeout < 0 {
+		return usageError{fmt.Errorf("--idle-timeout must not be negative (0: never)")}
+	}
+	idle := *idleTimeout
+	if idle == 0 {
+		idle = -1 // never
+	}
 	log, err := newLogger(*logLevel)
 	if err != nil {
 		return err
@@ -91,6 +137,7 @@ func runAgent(ctx context.Context, args []string) error {
 	st := ratelimit.New(base, ratelimit.Limits{Upload: *uploadRate})
 	cfg := agent.Config{
 		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
+		AllowUIDs: uids, AllowGIDs: gids, MaxConnections: *maxConns, IdleTimeout: idle,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
