@@ -39,6 +39,7 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.Var(&roots, "allow-root", "a checkpoint dir must resolve inside this directory (repeatable; none: any dir)")
 	retain := fs.Int("retain", 2, "complete checkpoints kept per task")
 	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it")
+	reuseMaxAge := fs.Duration("reuse-check-max-age", 0, "before a commit, every reused object must have been seen in storage with its size (listing or stat) at most this long ago (0: 5m, at most --gc-grace/4; at most --gc-grace/2)")
 	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
 	conc := fs.Int("upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
 	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
@@ -91,7 +92,7 @@ func runAgent(ctx context.Context, args []string) error {
 	st := ratelimit.New(base, ratelimit.Limits{Upload: *uploadRate})
 	cfg := agent.Config{
 		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
-		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,
+		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval, ReuseCheckMaxAge: *reuseMaxAge,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
 	}
