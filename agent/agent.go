@@ -261,6 +261,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.jobs.Add(1)
 		go a.drills(ctx)
 	}
+	if a.cfg.ScrubRate > 0 {
+		a.jobs.Add(1)
+		go a.scrubs(ctx)
+	}
 
 	<-ctx.Done()
 	a.log.Info("agent stopping", "grace", a.cfg.ShutdownGrace.String())

@@ -243,7 +243,7 @@ func (t *Telemetry) instruments(m metric.Meter) error {
 	t.gcDeleted = ctr("ckpt.gc.deleted.objects", "{object}", "Objects deleted by GC.")
 	t.gcDeletedBytes = ctr("ckpt.gc.deleted", "By", "Bytes deleted by GC.")
 	t.reuseReplaced = ctr("ckpt.reuse.replaced", "{object}", "Objects a checkpoint meant to reuse but found missing or of the wrong size in storage, and uploaded again, by reason (missing, size).")
-	t.scrubObjects = ctr("ckpt.scrub.objects", "{object}", "Live objects the scrub checked, by result (ok, corrupt, missing, healed, unhealed).")
+	t.scrubObjects = ctr("ckpt.scrub.objects", "{object}", "Live objects the scrub checked, by result (ok, corrupt, missing, error), and healed or unhealed after corrupt or missing.")
 	t.scrubBytes = ctr("ckpt.scrub", "By", "Bytes the scrub read back from storage and hashed.")
 	t.restoreDur = hist("ckpt.restore.duration", "Restore durations.")
 	t.restoreBytes = ctr("ckpt.restore", "By", "Bytes restored, by source (local, remote).")
@@ -362,8 +362,9 @@ func (t *Telemetry) ReuseReplaced(ctx context.Context, reason string) {
 }
 
 // ScrubObject counts one object the scrub checked or healed: result is
-// ok, corrupt, missing (what it found), or healed, unhealed (what it did
-// about a corrupt or missing one); bytes is what it read.
+// ok, corrupt, missing, error (what it found; error: it could not read
+// it), or healed, unhealed (what it did about a corrupt or missing one);
+// bytes is what it read.
 func (t *Telemetry) ScrubObject(ctx context.Context, result string, bytes int64) {
 	if t == nil {
 		return

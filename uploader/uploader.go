@@ -521,3 +521,34 @@ func (r *hashingReader) Seek(off int64, whence int) (int64, error) {
 	r.pos = pos
 	return pos, nil
 }
+
+// PutVerified writes the local file at path as the object key, only if the
+// file holds exactly size bytes hashing to sha: it hashes the file first
+// (nothing is written from a bad copy), then hashes what the store reads
+// as it uploads. A mismatch found during the upload is an error (the
+// object then holds what was read; the caller reports it as not healed).
+// It serves repairs of content-addressed objects from local copies.
+func PutVerified(ctx context.Context, s storage.Store, key, path string, size int64, sha string) error {
+	got, n, err := fsutil.HashFile(ctx, path)
+	if err != nil {
+		return err
+	}
+	if n != size || got != sha {
+		return fmt.Errorf("%s: %d bytes hashing to %s, want %d bytes hashing to %s", path, n, got, size, sha)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	hr := &hashingReader{r: f, h: sha256.New(), valid: true}
+	if err := s.Put(ctx, key, hr, size); err != nil {
+		return err
+	}
+	if hr.valid && hr.pos == size {
+		if sent := hex.EncodeToString(hr.h.Sum(nil)); sent != sha {
+			return fmt.Errorf("%s changed while it was uploaded as %s", path, key)
+		}
+	}
+	return nil
+}
