@@ -27,6 +27,7 @@ import (
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/telemetry"
+	"github.com/ckpt-io/ckpt/uploader"
 )
 
 // Config configures an agent. Zero values take the documented defaults.
@@ -55,6 +56,18 @@ type Config struct {
 	// GCGrace is the age an unreferenced object must reach before GC
 	// deletes it (default 1h).
 	GCGrace time.Duration
+	// ReuseCheckMaxAge bounds how old the observation of a reused object
+	// may be when a checkpoint confirms it before its commit: every object
+	// a manifest reuses was seen in storage with its size, by a listing of
+	// the job's shared prefix or a Stat, no longer than this before the
+	// check that precedes the commit (see uploader.Presence). Default:
+	// uploader.DefaultPresenceMaxAge (5m), at most GCGrace/4; an explicit
+	// value must not exceed GCGrace/2.
+	ReuseCheckMaxAge time.Duration
+	// ScrubRate, when positive, runs a background scrub that re-reads and
+	// re-hashes the live objects of the job's retained manifests at up to
+	// this many bytes per second, and heals damaged ones from local copies.
+	ScrubRate int64
 	// GCInterval is the least time between two job-wide GC sweeps started by
 	// completed checkpoints (default 1m; negative: never sweep).
 	GCInterval time.Duration
@@ -129,6 +142,17 @@ func (c *Config) defaults() error {
 	if c.GCGrace < 0 {
 		return fmt.Errorf("gc grace must not be negative")
 	}
+	switch {
+	case c.ReuseCheckMaxAge < 0:
+		return fmt.Errorf("reuse check max age must not be negative")
+	case c.ReuseCheckMaxAge == 0:
+		c.ReuseCheckMaxAge = min(uploader.DefaultPresenceMaxAge, c.GCGrace/4)
+	case c.ReuseCheckMaxAge > c.GCGrace/2:
+		return fmt.Errorf("reuse check max age %s exceeds half the gc grace %s: GC could delete a reused object seen that long ago", c.ReuseCheckMaxAge, c.GCGrace)
+	}
+	if c.ScrubRate < 0 {
+		return fmt.Errorf("scrub rate must not be negative")
+	}
 	if c.GCInterval == 0 {
 		c.GCInterval = time.Minute
 	}
@@ -178,6 +202,8 @@ type Agent struct {
 	log     *slog.Logger
 	local   *localrecovery.Store
 	agentID string
+	// presence confirms reused objects before commits (job-wide index).
+	presence *uploader.Presence
 
 	mu       sync.Mutex
 	tasks    map[string]*task
@@ -221,9 +247,10 @@ func New(cfg Config) (*Agent, error) {
 	host, _ := os.Hostname()
 	return &Agent{
 		cfg: cfg, log: cfg.Logger, local: local,
-		agentID: host + "-" + hex.EncodeToString(id),
-		tasks:   map[string]*task{},
-		ready:   make(chan struct{}),
+		presence: uploader.NewPresence(cfg.Store, manifests.SharedPrefix(cfg.Job), cfg.ReuseCheckMaxAge),
+		agentID:  host + "-" + hex.EncodeToString(id),
+		tasks:    map[string]*task{},
+		ready:    make(chan struct{}),
 	}, nil
 }
 
@@ -267,6 +294,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
 		a.jobs.Add(1)
 		go a.drills(ctx)
+	}
+	if a.cfg.ScrubRate > 0 {
+		a.jobs.Add(1)
+		go a.scrubs(ctx)
 	}
 
 	<-ctx.Done()

@@ -335,13 +335,16 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	}
 	hashes, parent := t.hashes, t.lastCompleted
 	a.mu.Unlock()
-	confirmedAt := time.Now()
 
 	uctx, upSpan := otel.Tracer("ckpt").Start(ctx, "upload")
+	// Presence: confirmed also means still there. After the transfers, every
+	// reused object is checked against storage (an observation no older than
+	// Config.ReuseCheckMaxAge), and one missing or of the wrong size is
+	// uploaded again from the snapshot before the manifest names it.
 	res, err := uploader.Upload(uctx, uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint,
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
-		Concurrency: a.cfg.UploadConcurrency,
+		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence,
 	})
 	if err != nil {
 		upSpan.SetStatus(codes.Error, err.Error())
@@ -349,19 +352,17 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		return protocol.Event{}, err
 	}
 	upSpan.SetAttributes(attribute.Int64("ckpt.bytes_uploaded", res.BytesWritten), attribute.Int64("ckpt.bytes_hashed", res.BytesHashed),
-		attribute.Int("ckpt.files_uploaded", res.FilesUploaded), attribute.Int("ckpt.files_reused", res.FilesReused))
+		attribute.Int("ckpt.files_uploaded", res.FilesUploaded), attribute.Int("ckpt.files_reused", res.FilesReused),
+		attribute.Int("ckpt.objects_replaced", len(res.Replaced)))
 	upSpan.End()
-	// Reused objects were confirmed when the upload started. If it took
-	// longer than half the GC grace, a manifest retired meanwhile may have
-	// let GC delete one: check they are all still there before committing.
-	if time.Since(confirmedAt) > a.cfg.GCGrace/2 {
-		for _, f := range res.Files {
-			if f.Kind == manifests.Shared && !f.Uploaded {
-				if _, err := a.cfg.Store.Stat(ctx, f.Key); err != nil {
-					return protocol.Event{}, fmt.Errorf("reused object of %s vanished during a long upload (raise --gc-grace): %w", f.Name, err)
-				}
-			}
+	for _, r := range res.Replaced {
+		a.log.Warn("reused object missing or damaged in storage: uploaded again from the snapshot",
+			"task", req.Task, "checkpoint", req.Checkpoint, "key", r.Key, "problem", r.String())
+		reason := "missing"
+		if r.Found {
+			reason = "size"
 		}
+		a.cfg.Telemetry.ReuseReplaced(ctx, reason)
 	}
 	engine := ck.engine.Name()
 	m := &manifests.Manifest{

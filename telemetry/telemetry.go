@@ -111,6 +111,8 @@ type Telemetry struct {
 	inFlight                                  metric.Int64UpDownCounter
 	retained, logical                         metric.Int64Gauge
 	gcDeleted, gcDeletedBytes                 metric.Int64Counter
+	reuseReplaced                             metric.Int64Counter
+	scrubObjects, scrubBytes                  metric.Int64Counter
 	restoreDur                                metric.Float64Histogram
 	restoreBytes                              metric.Int64Counter
 	drillDur, drillThroughput                 metric.Float64Gauge
@@ -241,6 +243,9 @@ func (t *Telemetry) instruments(m metric.Meter) error {
 	t.logical = ig("ckpt.state.logical", "By", "Logical state of the job: the sum of its tasks' last full sizes.")
 	t.gcDeleted = ctr("ckpt.gc.deleted.objects", "{object}", "Objects deleted by GC.")
 	t.gcDeletedBytes = ctr("ckpt.gc.deleted", "By", "Bytes deleted by GC.")
+	t.reuseReplaced = ctr("ckpt.reuse.replaced", "{object}", "Objects a checkpoint meant to reuse but found missing or of the wrong size in storage, and uploaded again, by reason (missing, size).")
+	t.scrubObjects = ctr("ckpt.scrub.objects", "{object}", "Live objects the scrub checked, by result (ok, corrupt, missing, error), and healed or unhealed after corrupt or missing.")
+	t.scrubBytes = ctr("ckpt.scrub", "By", "Bytes the scrub read back from storage and hashed.")
 	t.restoreDur = hist("ckpt.restore.duration", "Restore durations.")
 	t.restoreBytes = ctr("ckpt.restore", "By", "Bytes restored, by source (local, remote).")
 	t.drillDur = fg("ckpt.drill.last.duration", "s", "Duration of the last restore drill: measured restore time from storage alone.")
@@ -347,6 +352,29 @@ func (t *Telemetry) GCEnded(ctx context.Context, liveBytes int64, deletedObjects
 	t.retB = liveBytes
 	t.gcDel += int64(deletedObjects)
 	t.mu.Unlock()
+}
+
+// ReuseReplaced counts a reused object found missing or of the wrong size
+// before a commit, and uploaded again; reason is "missing" or "size".
+func (t *Telemetry) ReuseReplaced(ctx context.Context, reason string) {
+	if t == nil {
+		return
+	}
+	t.reuseReplaced.Add(ctx, 1, metric.WithAttributes(t.jobAtt, attribute.String("reason", reason)))
+}
+
+// ScrubObject counts one object the scrub checked or healed: result is
+// ok, corrupt, missing, error (what it found; error: it could not read
+// it), or healed, unhealed (what it did about a corrupt or missing one);
+// bytes is what it read.
+func (t *Telemetry) ScrubObject(ctx context.Context, result string, bytes int64) {
+	if t == nil {
+		return
+	}
+	t.scrubObjects.Add(ctx, 1, metric.WithAttributes(t.jobAtt, attribute.String("result", result)))
+	if bytes > 0 {
+		t.scrubBytes.Add(ctx, bytes, metric.WithAttributes(t.jobAtt))
+	}
 }
 
 // RestoreEnded records a restore and where its bytes came from.

@@ -39,6 +39,10 @@ func TestMetricsCarryBothSizesWithFlinksMeanings(t *testing.T) {
 	tel.GCEnded(ctx, 20_000_000, 5, 1000)
 	tel.RestoreEnded(ctx, RestoreRecord{Task: "orders-3", BytesLocal: 100, BytesRemote: 50, Duration: time.Second, OK: true})
 	tel.DrillEnded(ctx, DrillRecord{Task: "orders-3", Checkpoint: 7, Bytes: 14_780_068, Duration: 2 * time.Second, Throughput: 7_390_034, Verified: true})
+	tel.ReuseReplaced(ctx, "missing")
+	tel.ScrubObject(ctx, "ok", 1000)
+	tel.ScrubObject(ctx, "corrupt", 500)
+	tel.ScrubObject(ctx, "healed", 0)
 
 	code, body := get(t, tel.Handler(ServerOptions{}), "/metrics")
 	if code != 200 {
@@ -56,6 +60,10 @@ func TestMetricsCarryBothSizesWithFlinksMeanings(t *testing.T) {
 		`ckpt_storage_retained_bytes{job="orders"} 2e+07`,
 		`ckpt_state_logical_bytes{job="orders"} 1.4780068e+07`,
 		`ckpt_gc_deleted_objects_total{job="orders"} 5`,
+		`ckpt_reuse_replaced_total{job="orders",reason="missing"} 1`,
+		`ckpt_scrub_objects_total{job="orders",result="ok"} 1`,
+		`ckpt_scrub_objects_total{job="orders",result="healed"} 1`,
+		`ckpt_scrub_bytes_total{job="orders"} 1500`,
 		`ckpt_restore_bytes_total{job="orders",source="local",task="orders-3"} 100`,
 		`ckpt_drill_last_duration_seconds{job="orders",task="orders-3"} 2`,
 	} {

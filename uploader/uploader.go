@@ -19,6 +19,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sync/errgroup"
 
@@ -56,6 +57,12 @@ type Request struct {
 	// private; the engine's classification (default
 	// engines.SharedBySuffix: *.sst and *.blob shared).
 	Classify func(name string) manifests.Kind
+	// Presence, when set, confirms after the transfers that every object
+	// the upload reuses still exists with its size (see Presence for the
+	// bound); one that does not is uploaded again from the snapshot and
+	// counted as uploaded. Shared objects this upload writes are recorded
+	// in it. Nil trusts Confirmed alone.
+	Presence *Presence
 }
 
 // Result is the outcome of an upload: the files of the manifest to write.
@@ -66,6 +73,9 @@ type Result struct {
 	FilesReused   int
 	BytesHashed   int64 // bytes read to compute hashes
 	HashesReused  int   // files whose hash came from Request.Hashes
+	// Replaced lists the confirmed objects Presence found missing or of
+	// the wrong size, which this upload wrote again from the snapshot.
+	Replaced []Finding
 }
 
 // Upload hashes, deduplicates and uploads a snapshot. It returns the
@@ -100,7 +110,85 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	if req.Presence != nil {
+		if err := u.confirmReused(ctx); err != nil {
+			return nil, err
+		}
+	}
 	return u.res, nil
+}
+
+// confirmRounds bounds the checks of reused objects: re-uploads take time,
+// and a second check makes sure the others did not age past the bound
+// meanwhile (it costs nothing while the observations are fresh).
+const confirmRounds = 3
+
+// confirmReused checks that every object the upload reuses is still stored
+// with its size, and uploads the ones that are not again, from the
+// snapshot's file: the manifest must only name objects that are there.
+func (u *upload) confirmReused(ctx context.Context) error {
+	for range confirmRounds {
+		var objs []Object
+		byKey := map[string][]int{}
+		for i, f := range u.res.Files {
+			if f.Kind != manifests.Shared || f.Uploaded || f.Key == "" {
+				continue
+			}
+			if byKey[f.Key] == nil {
+				objs = append(objs, Object{Key: f.Key, Size: f.Size})
+			}
+			byKey[f.Key] = append(byKey[f.Key], i)
+		}
+		if len(objs) == 0 {
+			return nil
+		}
+		bad, err := u.req.Presence.Check(ctx, objs)
+		if err != nil {
+			return err
+		}
+		if len(bad) == 0 {
+			return nil
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(u.req.Concurrency)
+		for _, b := range bad {
+			idx := byKey[b.Key]
+			g.Go(func() error { return u.replace(gctx, idx) })
+		}
+		if err := g.Wait(); err != nil {
+			return err
+		}
+		u.res.Replaced = append(u.res.Replaced, bad...)
+	}
+	return fmt.Errorf("reused objects kept vanishing from storage while the checkpoint confirmed them")
+}
+
+// replace uploads the object of the files at idx (one content) again from
+// the first one's snapshot file, hashing what is sent: the object must be
+// the bytes its key names. The files then count as uploaded, once.
+func (u *upload) replace(ctx context.Context, idx []int) error {
+	f := &u.res.Files[idx[0]]
+	var lf localrecovery.File
+	for _, x := range u.req.Snapshot.Files {
+		if x.Name == f.Name {
+			lf = x
+		}
+	}
+	sha, err := putFile(ctx, u.req.Store, f.Key, u.req.Snapshot.Path(f.Name), lf, true)
+	if err != nil {
+		return fmt.Errorf("upload %s again: %w", f.Name, err)
+	}
+	if sha != f.SHA256 {
+		return fmt.Errorf("upload %s again: its bytes hash to %s, not %s: snapshot files must be immutable", f.Name, sha, f.SHA256)
+	}
+	u.req.Presence.Saw(f.Key, f.Size, time.Now())
+	u.tally(func(r *Result) {
+		f.Uploaded = true
+		r.FilesReused--
+		r.FilesUploaded++
+		r.BytesWritten += f.Size
+	})
+	return nil
 }
 
 // largestFirst returns the indexes of files, largest file first: the last
@@ -269,6 +357,9 @@ func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.Fil
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", f.Name, err)
 	}
+	if f.Kind == manifests.Shared {
+		u.req.Presence.Saw(b.key, f.Size, time.Now())
+	}
 	if f.SHA256 == "" {
 		f.SHA256 = sha
 	}
@@ -429,4 +520,35 @@ func (r *hashingReader) Seek(off int64, whence int) (int64, error) {
 	}
 	r.pos = pos
 	return pos, nil
+}
+
+// PutVerified writes the local file at path as the object key, only if the
+// file holds exactly size bytes hashing to sha: it hashes the file first
+// (nothing is written from a bad copy), then hashes what the store reads
+// as it uploads. A mismatch found during the upload is an error (the
+// object then holds what was read; the caller reports it as not healed).
+// It serves repairs of content-addressed objects from local copies.
+func PutVerified(ctx context.Context, s storage.Store, key, path string, size int64, sha string) error {
+	got, n, err := fsutil.HashFile(ctx, path)
+	if err != nil {
+		return err
+	}
+	if n != size || got != sha {
+		return fmt.Errorf("%s: %d bytes hashing to %s, want %d bytes hashing to %s", path, n, got, size, sha)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	hr := &hashingReader{r: f, h: sha256.New(), valid: true}
+	if err := s.Put(ctx, key, hr, size); err != nil {
+		return err
+	}
+	if hr.valid && hr.pos == size {
+		if sent := hex.EncodeToString(hr.h.Sum(nil)); sent != sha {
+			return fmt.Errorf("%s changed while it was uploaded as %s", path, key)
+		}
+	}
+	return nil
 }

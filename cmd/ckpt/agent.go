@@ -67,6 +67,8 @@ func runAgent(ctx context.Context, args []string) error {
 	idleTimeout := fs.Duration("idle-timeout", 10*time.Minute, "close a connection that sent nothing and awaits no reply for this long (0: never)")
 	retain := fs.Int("retain", 2, "complete checkpoints kept per task")
 	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it")
+	reuseMaxAge := fs.Duration("reuse-check-max-age", 0, "before a commit, every reused object must have been seen in storage with its size (listing or stat) at most this long ago (0: 5m, at most --gc-grace/4; at most --gc-grace/2)")
+	scrubRate := fs.Int64("scrub-rate", 0, "background scrub: re-read and re-hash the job's live objects at up to this many bytes/s, healing damaged ones from local copies (0: off)")
 	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
 	conc := fs.Int("upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
 	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
@@ -115,8 +117,8 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *uploadRate < 0 || *drillRate < 0 {
-		return usageError{fmt.Errorf("--upload-rate and --drill-rate must not be negative")}
+	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 {
+		return usageError{fmt.Errorf("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
 	}
 	// Telemetry first: the store's metrics decorator registers with it.
 	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: *store, Version: version})
@@ -138,7 +140,7 @@ func runAgent(ctx context.Context, args []string) error {
 	cfg := agent.Config{
 		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
 		AllowUIDs: uids, AllowGIDs: gids, MaxConnections: *maxConns, IdleTimeout: idle,
-		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval,
+		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval, ReuseCheckMaxAge: *reuseMaxAge, ScrubRate: *scrubRate,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
 	}

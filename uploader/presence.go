@@ -1,0 +1,250 @@
+package uploader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ckpt-io/ckpt/storage"
+)
+
+// DefaultPresenceMaxAge is the default bound on how old the observation of
+// a reused object may be when a manifest is committed (see Presence).
+const DefaultPresenceMaxAge = 5 * time.Minute
+
+// DefaultStatMax is how many objects whose observation is too old a check
+// confirms one Stat each; more than that, it lists the whole prefix once.
+const DefaultStatMax = 64
+
+// Object is a stored object a manifest is about to reference: its key and
+// the size it must have.
+type Object struct {
+	Key  string
+	Size int64
+}
+
+// Finding is an object a presence check could not confirm: missing, or
+// stored with another size (Stored, when Found).
+type Finding struct {
+	Object
+	Found  bool
+	Stored int64
+}
+
+func (f Finding) String() string {
+	if !f.Found {
+		return "missing"
+	}
+	return fmt.Sprintf("size %d, want %d", f.Stored, f.Size)
+}
+
+// Presence confirms that objects exist with the right size, from
+// observations of storage no older than MaxAge (invariant 3, "confirmed
+// also means still there").
+//
+// The guarantee: when Check returns no finding for an object, storage
+// reported that object with that size (in a listing of Prefix, a Stat, or
+// a successful Put by this process) at a moment no earlier than MaxAge
+// before Check was called. A listing counts as observed at the moment it
+// started. Callers check just before they commit a manifest, so every
+// reused object was seen whole at most MaxAge (plus the time of the check
+// and of re-uploads it triggers) before the manifest exists. A size check
+// cannot see bytes changed in place; the agent's scrub re-hashes for that.
+//
+// Cost: Check keeps an index of key → size for Prefix, refreshed by a full
+// listing when a check needs more than StatMax objects confirmed and the
+// last listing is older than MaxAge, so a task reusing thousands of objects
+// pays one listing per MaxAge, shared with every other task of the job;
+// a check of at most StatMax objects Stats them instead. Objects this
+// process uploads are added as they are written (Saw).
+//
+// A Presence is safe for concurrent use. The zero value is not usable: use
+// NewPresence.
+type Presence struct {
+	store  storage.Store
+	prefix string
+	// MaxAge bounds the age of an observation a check accepts (0: every
+	// check observes again).
+	MaxAge time.Duration
+	// StatMax is the most objects a check Stats one by one before it
+	// lists the prefix instead (default DefaultStatMax; < 0: always list).
+	StatMax int
+	// Concurrency bounds parallel Stats (default 8).
+	Concurrency int
+
+	refreshMu sync.Mutex // one listing at a time
+	mu        sync.Mutex
+	seen      map[string]seenObject
+	listedAt  time.Time // start of the last complete listing
+	listings  int
+	stats     int
+}
+
+type seenObject struct {
+	size int64
+	at   time.Time
+}
+
+// NewPresence returns a presence check of the objects under prefix of s.
+func NewPresence(s storage.Store, prefix string, maxAge time.Duration) *Presence {
+	return &Presence{store: s, prefix: prefix, MaxAge: maxAge, StatMax: DefaultStatMax, Concurrency: 8, seen: map[string]seenObject{}}
+}
+
+// Saw records that key was observed in storage with size at time at (a Put
+// that returned nil, a Stat, a read).
+func (p *Presence) Saw(key string, size int64, at time.Time) {
+	if p == nil || !strings.HasPrefix(key, p.prefix) {
+		return
+	}
+	p.mu.Lock()
+	if old, ok := p.seen[key]; !ok || !old.at.After(at) {
+		p.seen[key] = seenObject{size: size, at: at}
+	}
+	p.mu.Unlock()
+}
+
+// Forget drops what is known of key: the next check observes it again.
+func (p *Presence) Forget(key string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	delete(p.seen, key)
+	p.mu.Unlock()
+}
+
+// Counts reports how many listings and Stats the checks made.
+func (p *Presence) Counts() (listings, stats int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.listings, p.stats
+}
+
+// Check returns the objects of objs it cannot confirm, in objs' order. An
+// error means storage could not be asked (nothing is confirmed then).
+func (p *Presence) Check(ctx context.Context, objs []Object) ([]Finding, error) {
+	cutoff := time.Now().Add(-p.MaxAge)
+	todo := p.unconfirmed(objs, cutoff)
+	if len(todo) == 0 {
+		return nil, nil
+	}
+	statMax := p.StatMax
+	if statMax == 0 {
+		statMax = DefaultStatMax
+	}
+	if len(todo) > statMax {
+		if err := p.refresh(ctx, cutoff); err != nil {
+			return nil, err
+		}
+		// After a listing at least as new as cutoff, what it did not
+		// confirm is reported: uploading a content-addressed object again
+		// is harmless, and Stats of thousands would cost more than that.
+		return p.findings(p.unconfirmed(todo, cutoff)), nil
+	}
+	return p.statAll(ctx, todo)
+}
+
+// unconfirmed returns the objects of objs not observed with their size
+// since cutoff.
+func (p *Presence) unconfirmed(objs []Object, cutoff time.Time) []Object {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []Object
+	for _, o := range objs {
+		if s, ok := p.seen[o.Key]; !ok || s.size != o.Size || s.at.Before(cutoff) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// findings describes objs from the index: missing, or another size.
+func (p *Presence) findings(objs []Object) []Finding {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Finding, 0, len(objs))
+	for _, o := range objs {
+		s, ok := p.seen[o.Key]
+		out = append(out, Finding{Object: o, Found: ok, Stored: s.size})
+	}
+	return out
+}
+
+// refresh lists the prefix unless a listing started since cutoff, and
+// replaces the index with what it found, keeping observations made while
+// it ran.
+func (p *Presence) refresh(ctx context.Context, cutoff time.Time) error {
+	p.refreshMu.Lock()
+	defer p.refreshMu.Unlock()
+	p.mu.Lock()
+	fresh := !p.listedAt.IsZero() && !p.listedAt.Before(cutoff)
+	p.mu.Unlock()
+	if fresh {
+		return nil
+	}
+	start := time.Now()
+	listed := make(map[string]seenObject, len(p.seen))
+	err := p.store.List(ctx, p.prefix, func(o storage.ObjectInfo) error {
+		listed[o.Key] = seenObject{size: o.Size, at: start}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("list %s to confirm reused objects: %w", p.prefix, err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for k, s := range p.seen {
+		if s.at.After(start) { // a Put or Stat newer than the listing wins
+			listed[k] = s
+		}
+	}
+	p.seen, p.listedAt = listed, start
+	p.listings++
+	return nil
+}
+
+// statAll Stats every object of objs and reports those missing or of
+// another size.
+func (p *Presence) statAll(ctx context.Context, objs []Object) ([]Finding, error) {
+	found := make([]*Finding, len(objs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(max(p.Concurrency, 1))
+	for i, o := range objs {
+		g.Go(func() error {
+			at := time.Now()
+			info, err := p.store.Stat(gctx, o.Key)
+			switch {
+			case errors.Is(err, storage.ErrNotFound):
+				p.Forget(o.Key)
+				found[i] = &Finding{Object: o}
+			case err != nil:
+				return fmt.Errorf("confirm reused object: %w", err)
+			default:
+				p.Saw(o.Key, info.Size, at)
+				if info.Size != o.Size {
+					found[i] = &Finding{Object: o, Found: true, Stored: info.Size}
+				}
+			}
+			return nil
+		})
+	}
+	err := g.Wait()
+	p.mu.Lock()
+	p.stats += len(objs)
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	var out []Finding
+	for _, f := range found {
+		if f != nil {
+			out = append(out, *f)
+		}
+	}
+	return out, nil
+}
