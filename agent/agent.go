@@ -40,7 +40,7 @@ type Config struct {
 	// Retain is how many complete checkpoints each task keeps (default 2).
 	Retain int
 	// GCGrace is the age an unreferenced object must reach before GC
-	// deletes it (default 1h).
+	// deletes it (default 1h; below manifests.MinGCGrace it is refused).
 	GCGrace time.Duration
 	// GCInterval is the least time between two job-wide GC sweeps started by
 	// completed checkpoints (default 1m; negative: never sweep).
@@ -98,8 +98,8 @@ func (c *Config) defaults() error {
 	if c.GCGrace == 0 {
 		c.GCGrace = time.Hour
 	}
-	if c.GCGrace < 0 {
-		return fmt.Errorf("gc grace must not be negative")
+	if err := manifests.CheckGCGrace("gc grace", c.GCGrace); err != nil {
+		return err
 	}
 	if c.GCInterval == 0 {
 		c.GCInterval = time.Minute
@@ -178,6 +178,14 @@ func New(cfg Config) (*Agent, error) {
 	local, err := localrecovery.Open(cfg.LocalDir, cfg.Job)
 	if err != nil {
 		return nil, err
+	}
+	interval := cfg.GCInterval.String()
+	if cfg.GCInterval < 0 {
+		interval = "never"
+	}
+	cfg.Logger.Info("gc settings", "gc_grace", cfg.GCGrace.String(), "gc_interval", interval, "retain", cfg.Retain)
+	if floor, lowered, _ := manifests.GCGraceFloor(); lowered {
+		cfg.Logger.Warn("the GC grace floor is lowered for tests: unsafe with uploads in flight", "env", manifests.UnsafeMinGCGraceEnv, "floor", floor.String())
 	}
 	id := make([]byte, 6)
 	rand.Read(id)

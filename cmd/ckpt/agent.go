@@ -14,6 +14,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage/ratelimit"
 	"github.com/ckpt-io/ckpt/telemetry"
@@ -37,8 +38,8 @@ func runAgent(ctx context.Context, args []string) error {
 	localDir := fs.String("local-dir", "", "task-local store; put it on the app's filesystem so snapshots are hard-linked")
 	var roots stringList
 	fs.Var(&roots, "allow-root", "a checkpoint dir must resolve inside this directory (repeatable; none: any dir)")
-	retain := fs.Int("retain", 2, "complete checkpoints kept per task")
-	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it")
+	retain := fs.Int("retain", 2, "complete checkpoints kept per task (at least 1)")
+	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it (at least "+manifests.MinGCGrace.String()+")")
 	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
 	conc := fs.Int("upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
 	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
@@ -69,6 +70,16 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkRetain(fs); err != nil {
+		return err
+	}
+	if err := manifests.CheckGCGrace("--gc-grace", *grace); err != nil {
+		return usageError{err}
+	}
+	if *gcInterval == 0 {
+		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
+	}
+	warnLoweredGraceFloor()
 	if *uploadRate < 0 || *drillRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate and --drill-rate must not be negative")}
 	}
@@ -187,6 +198,9 @@ func runTrigger(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print the completed (or failed) event as JSON")
 	if err := parse(fs, args, "socket", "task", "checkpoint", "dir"); err != nil {
 		return err
+	}
+	if _, err := engines.Lookup(*engine); err != nil {
+		return usageError{fmt.Errorf("--engine: %w", err)}
 	}
 	return trigger(ctx, *socket, *task, *n, *dir, *engine, *asJSON)
 }

@@ -1,0 +1,47 @@
+package agent
+
+import (
+	"bytes"
+	"log/slog"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage/file"
+)
+
+func TestTheAgentLogsItsGCSettingsAndRefusesAShortGrace(t *testing.T) {
+	base := t.TempDir()
+	st, err := file.New(filepath.Join(base, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	cfg := Config{Socket: filepath.Join(base, "s.sock"), Store: st, Job: "job", LocalDir: filepath.Join(base, "local"),
+		GCInterval: -1, Retain: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "gc_grace=") {
+			line = l
+		}
+	}
+	for _, want := range []string{"gc_grace=1h0m0s", "gc_interval=never", "retain=3"} {
+		if !strings.Contains(line, want) {
+			t.Errorf("the GC settings line %q does not say %s; logs:\n%s", line, want, logs.String())
+		}
+	}
+
+	cfg.GCGrace = time.Minute
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), manifests.MinGCGrace.String()) {
+		t.Errorf("New with a 1m grace: %v, want a refusal naming the floor", err)
+	}
+	t.Setenv(manifests.UnsafeMinGCGraceEnv, "1s")
+	if _, err := New(cfg); err != nil {
+		t.Errorf("New with a 1m grace and the floor lowered: %v", err)
+	}
+}
