@@ -387,7 +387,7 @@ func (a *Agent) status(only string) []protocol.TaskStatus {
 		out = append(out, protocol.TaskStatus{
 			Task: name, LastCompleted: t.lastCompleted,
 			LastCheckpointSize: t.lastSize, LastFullSize: t.lastFull,
-			InFlight: len(t.inflight),
+			InFlight: len(t.inflight), Problems: t.problems,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })

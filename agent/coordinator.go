@@ -15,7 +15,6 @@ import (
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
-	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
 	"github.com/ckpt-io/ckpt/uploader"
@@ -40,6 +39,8 @@ type task struct {
 	retained []*manifests.Manifest
 	// hashes maps inode identities of the newest local copy to their hashes.
 	hashes map[localrecovery.Identity]string
+	// problems names the task's unreadable manifests found by load.
+	problems []string
 
 	inflight map[uint64]*checkpoint // syncing, queued or running
 	pending  []*checkpoint          // synced, waiting for an async slot
@@ -277,16 +278,14 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 	if err != nil {
 		return err
 	}
-	var retained []*manifests.Manifest
-	for _, r := range cat.Retained(t.name) {
-		m, err := manifests.Load(ctx, a.cfg.Store, a.cfg.Job, t.name, r.Checkpoint)
-		if err != nil {
-			if errors.Is(err, storage.ErrNotFound) {
-				continue
-			}
-			return err
-		}
-		retained = append(retained, m)
+	// An unreadable manifest is a problem to report, not an outage: its
+	// objects are simply not reused (invariant 3 allows fewer reuses).
+	retained, problems, err := manifests.LoadRetained(ctx, a.cfg.Store, a.cfg.Job, cat.Retained(t.name))
+	if err != nil {
+		return err
+	}
+	for _, p := range problems {
+		a.log.Warn("unreadable manifest: not reused; GC stops until it is fixed or removed", "task", t.name, "checkpoint", p.Checkpoint, "key", p.Key, "err", p.Problem)
 	}
 	latest, err := a.local.Latest(t.name)
 	if err != nil {
@@ -297,6 +296,10 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 	defer a.mu.Unlock()
 	t.retained = retained
 	t.hashes = hashes
+	t.problems = nil
+	for _, p := range problems {
+		t.problems = append(t.problems, p.Problem)
+	}
 	if n := len(retained); n > 0 && retained[n-1].Checkpoint >= t.lastCompleted {
 		last := retained[n-1]
 		t.lastCompleted, t.lastSize, t.lastFull = last.Checkpoint, last.CheckpointSize, last.FullSize

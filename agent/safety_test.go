@@ -45,3 +45,29 @@ func TestTheAgentLogsItsGCSettingsAndRefusesAShortGrace(t *testing.T) {
 		t.Errorf("New with a 1m grace and the floor lowered: %v", err)
 	}
 }
+
+// One undecodable manifest of a task does not stop its checkpoints: the
+// agent reuses nothing from it, and its status names it as a problem.
+func TestAnUndecodableManifestIsAProblemNotAnOutage(t *testing.T) {
+	h := start(t, nil, nil)
+	bad := manifests.ManifestKey("job", "t1", 1)
+	if err := h.store.Put(ctxT(t), bad, strings.NewReader("{garbage"), 8); err != nil {
+		t.Fatal(err)
+	}
+	c := h.dial()
+	dir := h.snapshot("s2", map[string]int{"000001.sst": 1000, "CURRENT": 16})
+	p, err := c.Checkpoint(ctxT(t), "t1", 2, dir, "pebble")
+	if err == nil {
+		_, err = p.Wait(ctxT(t))
+	}
+	if err != nil {
+		t.Fatalf("checkpoint beside an undecodable manifest: %v", err)
+	}
+	st, err := c.Status(ctxT(t), "t1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(st.Raw), `"problems"`) || !strings.Contains(string(st.Raw), bad) || !strings.Contains(string(st.Raw), "not valid JSON") {
+		t.Fatalf("status does not report %s: %s", bad, st.Raw)
+	}
+}

@@ -98,13 +98,18 @@ func runList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	ms, problems, err := manifests.LoadRetained(ctx, st, *job, cat.Retained(*task))
+	if err != nil {
+		return err
+	}
+	// An unreadable manifest hides nothing else: it is a warning on stderr
+	// (also with --json, whose stdout stays the array of readable ones).
+	for _, p := range problems {
+		fmt.Fprintf(os.Stderr, "warning: not listed: %s (ckpt verify fails on it; ckpt gc stops until it is fixed or removed)\n", p.Problem)
+	}
 	out := []listEntry{}
-	for _, r := range cat.Retained(*task) {
-		m, err := manifests.Load(ctx, st, *job, r.Task, r.Checkpoint)
-		if err != nil {
-			return err
-		}
-		out = append(out, listEntry{r.Task, r.Checkpoint, m.Created, m.CheckpointSize, m.FullSize, len(m.Files), m.FilesUploaded, m.FilesReused})
+	for _, m := range ms {
+		out = append(out, listEntry{m.Task, m.Checkpoint, m.Created, m.CheckpointSize, m.FullSize, len(m.Files), m.FilesUploaded, m.FilesReused})
 	}
 	// Oldest first, across tasks.
 	sort.SliceStable(out, func(i, j int) bool {
