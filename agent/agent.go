@@ -205,6 +205,13 @@ func (a *Agent) Ready() <-chan struct{} { return a.ready }
 // in-flight checkpoints finish within the shutdown grace, aborts the rest,
 // and returns nil. It returns an error only if it cannot start.
 func (a *Agent) Run(ctx context.Context) error {
+	// One agent per local dir, for as long as it runs: another would take
+	// this one's checkpoints in flight for a crash's leftovers.
+	unlock, err := localrecovery.Lock(a.cfg.LocalDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := a.recoverLocal(); err != nil {
 		return err
 	}

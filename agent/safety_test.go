@@ -2,7 +2,10 @@ package agent
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,5 +72,49 @@ func TestAnUndecodableManifestIsAProblemNotAnOutage(t *testing.T) {
 	}
 	if !strings.Contains(string(st.Raw), `"problems"`) || !strings.Contains(string(st.Raw), bad) || !strings.Contains(string(st.Raw), "not valid JSON") {
 		t.Fatalf("status does not report %s: %s", bad, st.Raw)
+	}
+}
+
+// Two agents on one local dir would remove each other's checkpoints in
+// flight: the second one refuses to start, naming the dir and the holder.
+func TestASecondAgentOnTheSameLocalDirRefusesToStart(t *testing.T) {
+	h := start(t, nil, nil)
+	b, err := New(Config{Socket: h.socket + "2", Store: h.store, Job: "job", LocalDir: h.local, GCGrace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- b.Run(ctx) }()
+	select {
+	case <-b.Ready():
+		cancel()
+		<-done
+		t.Fatal("a second agent started on the same local dir")
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), h.local) || !strings.Contains(err.Error(), fmt.Sprintf("pid %d", os.Getpid())) {
+			t.Fatalf("second agent: %v, want a refusal naming %s and pid %d", err, h.local, os.Getpid())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("second agent neither started nor failed")
+	}
+	// Once the first agent stops, the dir is free again.
+	h.stop()
+	c, err := New(Config{Socket: h.socket + "3", Store: h.store, Job: "job", LocalDir: h.local, GCGrace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx3, cancel3 := context.WithCancel(context.Background())
+	done3 := make(chan error, 1)
+	go func() { done3 <- c.Run(ctx3) }()
+	select {
+	case <-c.Ready():
+	case err := <-done3:
+		t.Fatalf("an agent after the first stopped: %v", err)
+	}
+	cancel3()
+	if err := <-done3; err != nil {
+		t.Fatal(err)
 	}
 }
