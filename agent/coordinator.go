@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ckpt-io/ckpt/localrecovery"
@@ -77,6 +78,15 @@ func (a *Agent) taskLocked(name string) *task {
 	return t
 }
 
+// takeSnapshot is the sync phase's local work; fault tests replace it.
+var takeSnapshot = (*localrecovery.Store).Take
+
+// diskFull reports whether err is the local filesystem out of space or
+// quota: a condition to retry later, not a bug.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
+}
+
 func failed(req protocol.Request, e *protocol.Error) protocol.Event {
 	return protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: e}
 }
@@ -127,13 +137,16 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	a.cfg.Telemetry.CheckpointStarted(ctx, req.Task)
 
 	_, syncSpan := otel.Tracer("ckpt").Start(ctx, "sync")
-	snap, err := a.local.Take(req.Task, req.Checkpoint, dir, req.Handoff)
+	snap, err := takeSnapshot(a.local, req.Task, req.Checkpoint, dir, req.Handoff)
 	syncSpan.End()
 	if err != nil {
 		var bad *localrecovery.BadFileError
 		e := errorf(protocol.CodeInternal, "sync phase: %v", err)
-		if errors.As(err, &bad) {
+		switch {
+		case errors.As(err, &bad):
 			e = errorf(protocol.CodeBadRequest, "%v", err)
+		case diskFull(err):
+			e = errorf(protocol.CodeUnavailable, "sync phase: the local disk is full: %v (free space in --local-dir, then retry)", err)
 		}
 		c.send(failed(req, e))
 		a.ended(ck, "failed", e)
@@ -227,6 +240,8 @@ func (a *Agent) run(ck *checkpoint) {
 			e.Code = protocol.CodeConflict
 		case retry.Transient(err):
 			e.Code = protocol.CodeUnavailable // storage outage or throttling: retry later
+		case diskFull(err):
+			e.Code = protocol.CodeUnavailable // local disk full: retry once there is space
 		}
 		ck.c.send(failed(req, e))
 		a.ended(ck, "failed", e)

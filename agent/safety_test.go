@@ -3,11 +3,15 @@ package agent
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/protocol"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -116,5 +120,38 @@ func TestASecondAgentOnTheSameLocalDirRefusesToStart(t *testing.T) {
 	cancel3()
 	if err := <-done3; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A full local disk in the sync phase is a condition to retry later
+// (unavailable), not a bug (internal); nothing is left behind.
+func TestAFullLocalDiskFailsTheCheckpointAsUnavailable(t *testing.T) {
+	for _, errno := range []syscall.Errno{syscall.ENOSPC, syscall.EDQUOT} {
+		t.Run(errno.Error(), func(t *testing.T) {
+			orig := takeSnapshot
+			t.Cleanup(func() { takeSnapshot = orig })
+			takeSnapshot = func(s *localrecovery.Store, task string, n uint64, dir string, handoff bool) (*localrecovery.Snapshot, error) {
+				return nil, fmt.Errorf("link 000001.sst into the local store: %w", &os.LinkError{Op: "link", Old: dir, New: s.Root(), Err: errno})
+			}
+			h := start(t, nil, nil)
+			c := h.dial()
+			dir := h.snapshot("s1", map[string]int{"000001.sst": 1000, "CURRENT": 16})
+			p, err := c.Checkpoint(ctxT(t), "t1", 1, dir, "pebble")
+			if err == nil {
+				_, err = p.Wait(ctxT(t))
+			}
+			var pe *protocol.Error
+			if !errors.As(err, &pe) || pe.Code != protocol.CodeUnavailable || !strings.Contains(pe.Message, "disk") {
+				t.Fatalf("checkpoint on a full local disk: %v, want unavailable saying the disk is full", err)
+			}
+			takeSnapshot = orig
+			p, err = c.Checkpoint(ctxT(t), "t1", 1, dir, "pebble")
+			if err == nil {
+				_, err = p.Wait(ctxT(t))
+			}
+			if err != nil {
+				t.Fatalf("the retry once there is space: %v", err)
+			}
+		})
 	}
 }
