@@ -54,7 +54,7 @@ type Config struct {
 	// Retain is how many complete checkpoints each task keeps (default 2).
 	Retain int
 	// GCGrace is the age an unreferenced object must reach before GC
-	// deletes it (default 1h).
+	// deletes it (default 1h; below manifests.MinGCGrace it is refused).
 	GCGrace time.Duration
 	// ReuseCheckMaxAge bounds how old the observation of a reused object
 	// may be when a checkpoint confirms it before its commit: every object
@@ -139,8 +139,8 @@ func (c *Config) defaults() error {
 	if c.GCGrace == 0 {
 		c.GCGrace = time.Hour
 	}
-	if c.GCGrace < 0 {
-		return fmt.Errorf("gc grace must not be negative")
+	if err := manifests.CheckGCGrace("gc grace", c.GCGrace); err != nil {
+		return err
 	}
 	switch {
 	case c.ReuseCheckMaxAge < 0:
@@ -242,6 +242,14 @@ func New(cfg Config) (*Agent, error) {
 			cfg.Logger.Warn("allow root / lets any peer of the socket checkpoint any directory the agent can read and restore into any the agent can write; name the app's data directories with --allow-root instead")
 		}
 	}
+	interval := cfg.GCInterval.String()
+	if cfg.GCInterval < 0 {
+		interval = "never"
+	}
+	cfg.Logger.Info("gc settings", "gc_grace", cfg.GCGrace.String(), "gc_interval", interval, "retain", cfg.Retain)
+	if floor, lowered, _ := manifests.GCGraceFloor(); lowered {
+		cfg.Logger.Warn("the GC grace floor is lowered for tests: unsafe with uploads in flight", "env", manifests.UnsafeMinGCGraceEnv, "floor", floor.String())
+	}
 	id := make([]byte, 6)
 	rand.Read(id)
 	host, _ := os.Hostname()
@@ -261,6 +269,13 @@ func (a *Agent) Ready() <-chan struct{} { return a.ready }
 // in-flight checkpoints finish within the shutdown grace, aborts the rest,
 // and returns nil. It returns an error only if it cannot start.
 func (a *Agent) Run(ctx context.Context) error {
+	// One agent per local dir, for as long as it runs: another would take
+	// this one's checkpoints in flight for a crash's leftovers.
+	unlock, err := localrecovery.Lock(a.cfg.LocalDir)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := a.recoverLocal(); err != nil {
 		return err
 	}
@@ -504,7 +519,7 @@ func (a *Agent) status(only string) []protocol.TaskStatus {
 		out = append(out, protocol.TaskStatus{
 			Task: name, LastCompleted: t.lastCompleted,
 			LastCheckpointSize: t.lastSize, LastFullSize: t.lastFull,
-			InFlight: len(t.inflight),
+			InFlight: len(t.inflight), Problems: t.problems,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })

@@ -20,6 +20,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	_ "github.com/ckpt-io/ckpt/engines/pebble"
+	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
@@ -183,7 +184,7 @@ func TestAnUnknownEngineIsRefused(t *testing.T) {
 	}
 	var left []string
 	filepath.WalkDir(h.local, func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() {
+		if err == nil && !d.IsDir() && d.Name() != localrecovery.LockFile {
 			left = append(left, p)
 		}
 		return nil

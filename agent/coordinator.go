@@ -9,13 +9,13 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
-	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
 	"github.com/ckpt-io/ckpt/uploader"
@@ -40,6 +40,8 @@ type task struct {
 	retained []*manifests.Manifest
 	// hashes maps inode identities of the newest local copy to their hashes.
 	hashes map[localrecovery.Identity]string
+	// problems names the task's unreadable manifests found by load.
+	problems []string
 
 	inflight map[uint64]*checkpoint // syncing, queued or running
 	pending  []*checkpoint          // synced, waiting for an async slot
@@ -74,6 +76,15 @@ func (a *Agent) taskLocked(name string) *task {
 		a.tasks[name] = t
 	}
 	return t
+}
+
+// takeSnapshot is the sync phase's local work; fault tests replace it.
+var takeSnapshot = (*localrecovery.Store).Take
+
+// diskFull reports whether err is the local filesystem out of space or
+// quota: a condition to retry later, not a bug.
+func diskFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 func failed(req protocol.Request, e *protocol.Error) protocol.Event {
@@ -126,13 +137,16 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	a.cfg.Telemetry.CheckpointStarted(ctx, req.Task)
 
 	_, syncSpan := otel.Tracer("ckpt").Start(ctx, "sync")
-	snap, err := a.local.Take(req.Task, req.Checkpoint, dir, req.Handoff)
+	snap, err := takeSnapshot(a.local, req.Task, req.Checkpoint, dir, req.Handoff)
 	syncSpan.End()
 	if err != nil {
 		var bad *localrecovery.BadFileError
 		e := errorf(protocol.CodeInternal, "sync phase: %v", err)
-		if errors.As(err, &bad) {
+		switch {
+		case errors.As(err, &bad):
 			e = errorf(protocol.CodeBadRequest, "%v", err)
+		case diskFull(err):
+			e = errorf(protocol.CodeUnavailable, "sync phase: the local disk is full: %v (free space in --local-dir, then retry)", err)
 		}
 		c.send(failed(req, e))
 		a.ended(ck, "failed", e)
@@ -226,6 +240,8 @@ func (a *Agent) run(ck *checkpoint) {
 			e.Code = protocol.CodeConflict
 		case retry.Transient(err):
 			e.Code = protocol.CodeUnavailable // storage outage or throttling: retry later
+		case diskFull(err):
+			e.Code = protocol.CodeUnavailable // local disk full: retry once there is space
 		}
 		ck.c.send(failed(req, e))
 		a.ended(ck, "failed", e)
@@ -277,16 +293,14 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 	if err != nil {
 		return err
 	}
-	var retained []*manifests.Manifest
-	for _, r := range cat.Retained(t.name) {
-		m, err := manifests.Load(ctx, a.cfg.Store, a.cfg.Job, t.name, r.Checkpoint)
-		if err != nil {
-			if errors.Is(err, storage.ErrNotFound) {
-				continue
-			}
-			return err
-		}
-		retained = append(retained, m)
+	// An unreadable manifest is a problem to report, not an outage: its
+	// objects are simply not reused (invariant 3 allows fewer reuses).
+	retained, problems, err := manifests.LoadRetained(ctx, a.cfg.Store, a.cfg.Job, cat.Retained(t.name))
+	if err != nil {
+		return err
+	}
+	for _, p := range problems {
+		a.log.Warn("unreadable manifest: not reused; GC stops until it is fixed or removed", "task", t.name, "checkpoint", p.Checkpoint, "key", p.Key, "err", p.Problem)
 	}
 	latest, err := a.local.Latest(t.name)
 	if err != nil {
@@ -297,6 +311,10 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 	defer a.mu.Unlock()
 	t.retained = retained
 	t.hashes = hashes
+	t.problems = nil
+	for _, p := range problems {
+		t.problems = append(t.problems, p.Problem)
+	}
 	if n := len(retained); n > 0 && retained[n-1].Checkpoint >= t.lastCompleted {
 		last := retained[n-1]
 		t.lastCompleted, t.lastSize, t.lastFull = last.Checkpoint, last.CheckpointSize, last.FullSize

@@ -259,7 +259,6 @@ func startAgent(ctx context.Context, root string) (*env, error) {
 		// Pebble checkpoints land next to the store, inside root.
 		AllowRoots: []string{root},
 		Retain:     2,
-		GCGrace:    5 * time.Second,
 		// A cancelled demo should not wait long for an upload in flight.
 		ShutdownGrace: 2 * time.Second,
 		Version:       "demo",

@@ -596,7 +596,7 @@ func TestAnAgentKilledMidUploadLeavesNothingOnceCollectedOnEveryBackend(t *testi
 		b.verify(t, job)
 
 		var gc gcReport
-		b.ckptJSON(t, &gc, "gc", "--storage", b.url, "--job", job, "--grace", "0s", "--json")
+		ckptJSONEnv(t, append(b.env[:len(b.env):len(b.env)], unsafeGCGrace), &gc, "gc", "--storage", b.url, "--job", job, "--grace", "0s", "--json")
 		t.Logf("%s gc: %+v", b.name, gc)
 		if gc.DeletedObjects < uploaded {
 			t.Errorf("gc deleted %d objects, want at least the %d orphans of checkpoint 2", gc.DeletedObjects, uploaded)

@@ -100,7 +100,7 @@ func TestAnAgentKilledMidUploadLeavesNothingOnceCollected(t *testing.T) {
 	t.Logf("before gc: %d temporary files in storage", temps)
 	before := treeSize(t, jobDir)
 	var gc gcReport
-	ckptJSON(t, &gc, "gc", "--storage", "file://"+storageDir, "--job", job, "--grace", "0s", "--json")
+	ckptJSONEnv(t, []string{unsafeGCGrace}, &gc, "gc", "--storage", "file://"+storageDir, "--job", job, "--grace", "0s", "--json")
 	after := treeSize(t, jobDir)
 	t.Logf("gc: %+v; job dir %d -> %d bytes", gc, before, after)
 	if gc.DeletedObjects < uploaded {

@@ -208,7 +208,7 @@ func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t 
 	socket := filepath.Join(shortDir(t), "ckpt.sock")
 	const job, task = "faults", "faults-0"
 	startAgent(t, "A", agentConfig{Socket: socket, Storage: viaProxy, Env: env, Job: job, LocalDir: localDir,
-		AllowRoots: []string{root}, Extra: []string{"--gc-interval", "0s", "--commit-patience", "5s"}}) // GC after every checkpoint, through the faults; a refused commit fails within seconds
+		AllowRoots: []string{root}, Extra: []string{"--gc-interval", "1ms", "--commit-patience", "5s"}}) // GC after every checkpoint, through the faults; a refused commit fails within seconds
 
 	proxy.set(true, nil) // after the agent's start-up probe
 

@@ -263,6 +263,10 @@ type cliResult struct {
 	Elapsed        time.Duration
 }
 
+// unsafeGCGrace lowers the GC grace floor of a ckpt process to zero: the
+// tests collect garbage in seconds, on storage nothing else writes to.
+const unsafeGCGrace = "CKPT_UNSAFE_MIN_GC_GRACE=0s"
+
 // childEnv is the environment of a ckpt process: the test's, plus env
 // (whose entries win).
 func childEnv(env []string) []string {

@@ -119,12 +119,53 @@ func LoadEncoded(ctx context.Context, s storage.Store, job, task string, n uint6
 	}
 	m, err := Decode(data)
 	if err != nil {
-		return nil, nil, fmt.Errorf("manifest %s: %w", key, err)
+		return nil, nil, &UnreadableError{Key: key, Err: err}
 	}
 	if m.Job != job || m.Task != task || m.Checkpoint != n {
-		return nil, nil, fmt.Errorf("manifest %s: names job %q task %q checkpoint %d, not where it is stored", key, m.Job, m.Task, m.Checkpoint)
+		return nil, nil, &UnreadableError{Key: key, Err: fmt.Errorf("names job %q task %q checkpoint %d, not where it is stored", m.Job, m.Task, m.Checkpoint)}
 	}
 	return m, data, nil
+}
+
+// UnreadableError is Load's error for a manifest that is stored but cannot
+// be used: too large, not decodable, failing its checksum or its checks, or
+// naming another checkpoint than where it is stored. Reading it again will
+// not help; an operator must fix or remove it.
+type UnreadableError struct {
+	Key string // the manifest's object key
+	Err error
+}
+
+func (e *UnreadableError) Error() string { return "manifest " + e.Key + ": " + e.Err.Error() }
+func (e *UnreadableError) Unwrap() error { return e.Err }
+
+// LoadRetained reads the manifests of refs, in order, for the readers
+// that show or use what storage holds (list, the agent's dedup set). An
+// unreadable manifest (*UnreadableError) does not hide the others: it is
+// returned as a Problem naming its key and error, and skipped. A manifest
+// deleted since the scan is skipped silently. Any other error (storage
+// unreachable, ctx) fails the whole call.
+//
+// GC does not use this: it stops on an unreadable manifest, since it
+// cannot know what that manifest references.
+func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) ([]*Manifest, []Problem, error) {
+	var out []*Manifest
+	var problems []Problem
+	for _, r := range refs {
+		m, err := Load(ctx, s, job, r.Task, r.Checkpoint)
+		var bad *UnreadableError
+		switch {
+		case errors.As(err, &bad):
+			problems = append(problems, Problem{Task: r.Task, Checkpoint: r.Checkpoint, Key: bad.Key, Problem: bad.Error()})
+			continue
+		case errors.Is(err, storage.ErrNotFound):
+			continue
+		case err != nil:
+			return nil, nil, err
+		}
+		out = append(out, m)
+	}
+	return out, problems, nil
 }
 
 // Commit writes the encoded manifest of m with a conditional create: the

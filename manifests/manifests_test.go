@@ -323,3 +323,22 @@ func TestRetentionRetiresAllButTheNewestKeep(t *testing.T) {
 		t.Errorf("Retention changed its input: %v", refs)
 	}
 }
+
+func TestLoadRetainedReportsAnUnreadableManifestAndLoadsTheRest(t *testing.T) {
+	ctx := context.Background()
+	s := newStore(t)
+	commit(t, s, "a", 1, "x")
+	commit(t, s, "b", 1, "y")
+	put(t, s, ManifestKey("job", "b", 2), []byte("{garbage"))
+	cat, err := Scan(ctx, s, "job", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, probs, err := LoadRetained(ctx, s, "job", cat.Retained(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ms) != 2 || len(probs) != 1 || probs[0].Key != ManifestKey("job", "b", 2) || probs[0].Task != "b" || probs[0].Checkpoint != 2 {
+		t.Fatalf("loaded %d manifests, problems %+v; want 2 and the garbage one", len(ms), probs)
+	}
+}

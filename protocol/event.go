@@ -83,6 +83,10 @@ type TaskStatus struct {
 	LastFullSize       int64 `json:"last_full_size"`
 	// InFlight counts the task's checkpoints past sync and not yet ended.
 	InFlight int `json:"in_flight"`
+	// Problems names the task's manifests in storage that the agent could
+	// not read (each with its key and error): their objects are not reused,
+	// and GC stops until they are fixed or removed.
+	Problems []string `json:"problems,omitempty"`
 }
 
 // Restored is the outcome of a restore: the object `ckpt restore --json`

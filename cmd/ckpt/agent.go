@@ -17,6 +17,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage/ratelimit"
 	"github.com/ckpt-io/ckpt/telemetry"
@@ -65,8 +66,8 @@ func runAgent(ctx context.Context, args []string) error {
 	fs.Var(&gids, "allow-gid", "only peers with this group id, or a user of --allow-uid, may connect (repeatable)")
 	maxConns := fs.Int("max-connections", 256, "open client connections at once; beyond it new ones are refused as unavailable")
 	idleTimeout := fs.Duration("idle-timeout", 10*time.Minute, "close a connection that sent nothing and awaits no reply for this long (0: never)")
-	retain := fs.Int("retain", 2, "complete checkpoints kept per task")
-	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it")
+	retain := fs.Int("retain", 2, "complete checkpoints kept per task (at least 1)")
+	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it (at least "+manifests.MinGCGrace.String()+")")
 	reuseMaxAge := fs.Duration("reuse-check-max-age", 0, "before a commit, every reused object must have been seen in storage with its size (listing or stat) at most this long ago (0: 5m, at most --gc-grace/4; at most --gc-grace/2)")
 	scrubRate := fs.Int64("scrub-rate", 0, "background scrub: re-read and re-hash the job's live objects at up to this many bytes/s, healing damaged ones from local copies (0: off)")
 	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
@@ -117,6 +118,16 @@ func runAgent(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := checkRetain(fs); err != nil {
+		return err
+	}
+	if err := manifests.CheckGCGrace("--gc-grace", *grace); err != nil {
+		return usageError{err}
+	}
+	if *gcInterval == 0 {
+		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
+	}
+	warnLoweredGraceFloor()
 	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
 	}
@@ -236,6 +247,9 @@ func runTrigger(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print the completed (or failed) event as JSON")
 	if err := parse(fs, args, "socket", "task", "checkpoint", "dir"); err != nil {
 		return err
+	}
+	if _, err := engines.Lookup(*engine); err != nil {
+		return usageError{fmt.Errorf("--engine: %w", err)}
 	}
 	return trigger(ctx, *socket, *task, *n, *dir, *engine, *asJSON)
 }

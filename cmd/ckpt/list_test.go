@@ -1,0 +1,89 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
+)
+
+// commitManifest stores checkpoint n of task with one shared file.
+func commitManifest(t *testing.T, s storage.Store, job, task string, n uint64, content string) {
+	t.Helper()
+	ctx := context.Background()
+	b := []byte(content)
+	sum := sha256.Sum256(b)
+	h := hex.EncodeToString(sum[:])
+	f := manifests.File{Name: "a.sst", Kind: manifests.Shared, Size: int64(len(b)), SHA256: h, Key: manifests.SharedKey(job, h, int64(len(b)))}
+	if err := s.Put(ctx, f.Key, bytes.NewReader(b), int64(len(b))); err != nil {
+		t.Fatal(err)
+	}
+	m := &manifests.Manifest{Job: job, Task: task, Checkpoint: n, Created: time.Now().UTC(), Engine: "generic",
+		Files: []manifests.File{f}, FullSize: f.Size, FilesUploaded: 1}
+	enc, err := m.Encode(f.Size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := manifests.Commit(ctx, s, m, enc); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestListShowsEverythingButAnUndecodableManifest(t *testing.T) {
+	url, s := storageDir(t)
+	ctx := context.Background()
+	commitManifest(t, s, "j", "good", 1, "good one")
+	commitManifest(t, s, "j", "bad", 1, "bad one, fine")
+	badKey := manifests.ManifestKey("j", "bad", 2)
+	if err := s.Put(ctx, badKey, strings.NewReader("{garbage"), 8); err != nil {
+		t.Fatal(err)
+	}
+
+	code, stdout, stderr := runCaptured(t, "list", "--storage", url, "--job", "j", "--json")
+	if code != 0 {
+		t.Fatalf("list --json: exit %d\n%s%s", code, stdout, stderr)
+	}
+	var entries []struct {
+		Task       string `json:"task"`
+		Checkpoint uint64 `json:"checkpoint"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &entries); err != nil {
+		t.Fatalf("list --json: stdout is not a JSON array: %v\n%s", err, stdout)
+	}
+	if len(entries) != 2 {
+		t.Errorf("list --json: %d entries, want the 2 good ones: %+v", len(entries), entries)
+	}
+	if !strings.Contains(stderr, badKey) || !strings.Contains(stderr, "not valid JSON") {
+		t.Errorf("list --json: stderr does not name %s and its error:\n%s", badKey, stderr)
+	}
+
+	code, stdout, stderr = runCaptured(t, "list", "--storage", url, "--job", "j")
+	if code != 0 {
+		t.Fatalf("list: exit %d\n%s%s", code, stdout, stderr)
+	}
+	if !strings.Contains(stdout, "good") || !strings.Contains(stdout, "bad") {
+		t.Errorf("list: the good checkpoints are not shown:\n%s", stdout)
+	}
+	if !strings.Contains(stdout+stderr, badKey) {
+		t.Errorf("list: the undecodable manifest %s is not reported:\n%s%s", badKey, stdout, stderr)
+	}
+
+	// Restore of another task does not read the bad task's manifests.
+	target := filepath.Join(t.TempDir(), "target")
+	if code, out, errs := runCaptured(t, "restore", "--storage", url, "--job", "j", "--task", "good", "--target", target, "--json"); code != 0 {
+		t.Errorf("restore of another task: exit %d\n%s%s", code, out, errs)
+	}
+	// GC still stops before deleting anything.
+	t.Setenv(manifests.UnsafeMinGCGraceEnv, "0s")
+	if code, _, errs := runCaptured(t, "gc", "--storage", url, "--job", "j", "--grace", "0s"); code != 1 || !strings.Contains(errs, "nothing deleted") {
+		t.Errorf("gc over an undecodable manifest: exit %d, want 1 and nothing deleted\n%s", code, errs)
+	}
+}
