@@ -1,0 +1,29 @@
+//go:build ckpt_failpoints
+
+package failpoint
+
+import (
+	"errors"
+	"sync"
+	"syscall"
+	"testing"
+)
+
+func TestErrorsAreArmedFromTheEnvironment(t *testing.T) {
+	t.Setenv("CKPT_FAILPOINT", LocalSync+"=ENOSPC,"+LocalRename+"=EIO")
+	t.Setenv("CKPT_FAILPOINT_AFTER", "1")
+	once = sync.Once{}
+	if err := Error(LocalSync); err != nil {
+		t.Fatalf("first hit should be skipped: %v", err)
+	}
+	if err := Error(LocalSync); !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("second hit: %v, want ENOSPC", err)
+	}
+	Error(LocalRename)
+	if err := Error(LocalRename); !errors.Is(err, syscall.EIO) {
+		t.Fatalf("rename: %v, want EIO", err)
+	}
+	if err := Error(LocalWrite); err != nil {
+		t.Fatalf("unarmed point: %v", err)
+	}
+}
