@@ -26,7 +26,7 @@ func TestTheAgentLogsItsGCSettingsAndRefusesAShortGrace(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	cfg := Config{Socket: filepath.Join(base, "s.sock"), Store: st, Job: "job", LocalDir: filepath.Join(base, "local"),
+	cfg := Config{Socket: filepath.Join(base, "s.sock"), Store: st, Job: "job", LocalDir: filepath.Join(base, "local"), AllowRoots: []string{base},
 		GCInterval: -1, Retain: 3, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 	if _, err := New(cfg); err != nil {
 		t.Fatal(err)
@@ -83,7 +83,7 @@ func TestAnUndecodableManifestIsAProblemNotAnOutage(t *testing.T) {
 // flight: the second one refuses to start, naming the dir and the holder.
 func TestASecondAgentOnTheSameLocalDirRefusesToStart(t *testing.T) {
 	h := start(t, nil, nil)
-	b, err := New(Config{Socket: h.socket + "2", Store: h.store, Job: "job", LocalDir: h.local, GCGrace: time.Hour})
+	b, err := New(Config{Socket: h.socket + "2", Store: h.store, Job: "job", LocalDir: h.local, AllowRoots: []string{h.root}, GCGrace: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func TestASecondAgentOnTheSameLocalDirRefusesToStart(t *testing.T) {
 	}
 	// Once the first agent stops, the dir is free again.
 	h.stop()
-	c, err := New(Config{Socket: h.socket + "3", Store: h.store, Job: "job", LocalDir: h.local, GCGrace: time.Hour})
+	c, err := New(Config{Socket: h.socket + "3", Store: h.store, Job: "job", LocalDir: h.local, AllowRoots: []string{h.root}, GCGrace: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
