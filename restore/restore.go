@@ -24,6 +24,9 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -40,6 +43,13 @@ type Options struct {
 	Job, Task string
 	// Target is the directory to create; it must be absent or empty.
 	Target string
+	// TargetParent, when set, is Target's parent directory, already open
+	// (the agent opens it under an allowed root): the restore then checks,
+	// creates, fills and places Target only relative to it and to the
+	// directories it creates there, never through Target's path, whose
+	// parent part is then only a name for messages. Without it, Target's
+	// parent is created if needed and opened by its path, once.
+	TargetParent *os.File
 	// Checkpoint picks a retained checkpoint; 0 means the newest.
 	Checkpoint uint64
 	// LocalDir is the agent's local dir: files are taken from the local copy
@@ -125,10 +135,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, fmt.Errorf("restore target %q must be an absolute path", o.Target)
 	}
 	target := filepath.Clean(o.Target)
+	base := filepath.Base(target)
 	if o.Parallelism < 1 {
 		o.Parallelism = 8
 	}
-	empty, err := isEmptyOrAbsent(target)
+	var empty bool
+	var err error
+	if o.TargetParent != nil {
+		empty, err = isEmptyOrAbsentAt(o.TargetParent, base)
+	} else {
+		empty, err = isEmptyOrAbsent(target)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -166,19 +183,41 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		local = ls.GetFor(o.Task, m, encoded)
 	}
 
-	tmp, err := makeTemp(target)
+	parent := o.TargetParent
+	if parent == nil {
+		if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		if parent, err = safefs.OpenRoot(filepath.Dir(target)); err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		defer parent.Close()
+	}
+	tmpDir, tmpName, err := makeTemp(parent, base)
 	if err != nil {
 		return nil, err
+	}
+	defer func() { tmpDir.Close() }()
+	// tmp and placed name the temporary dir, before and after it becomes
+	// the target, for the code that needs a path (lending and adopting the
+	// local copy). With TargetParent, placed is the fd's own path in /proc,
+	// so that no path the peer could swap is walked; without /proc it
+	// stays "" and adoption into the local dir is skipped.
+	tmp, placed := filepath.Join(filepath.Dir(target), tmpName), target
+	if o.TargetParent != nil {
+		placed, _ = safefs.ProcPath(tmpDir)
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			os.RemoveAll(tmp)
+			removeTemp(parent, tmpName)
 		}
 	}()
 
 	res := &Result{Restored: true, Task: o.Task, Checkpoint: n, Files: len(m.Files), Bytes: m.FullSize, Target: target}
-	if local != nil && o.TrustUnchangedLocal && wholeAndUnchanged(local, m) && ls.Lend(o.Task, n, m, tmp) {
+	// Lending moves the local copy to tmp by its path: only for a target
+	// whose path is the caller's own (no TargetParent).
+	if local != nil && o.TrustUnchangedLocal && o.TargetParent == nil && wholeAndUnchanged(local, m) && ls.Lend(o.Task, n, m, tmp) {
 		// The local copy is the store: it became tmp in one rename. Its
 		// private files get fsynced (an adopted copy never fsynced them);
 		// its shared files are the app's own SSTs, durable already.
@@ -189,7 +228,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 			}
 		}
-		if err := place(tmp, target); err != nil {
+		lent, err := safefs.OpenDirAt(parent, tmpName)
+		if err != nil {
+			return nil, fmt.Errorf("restore: %w", err)
+		}
+		tmpDir.Close()
+		tmpDir = lent
+		if err := place(parent, tmpDir, tmpName, base, target); err != nil {
 			return nil, err
 		}
 		ok = true
@@ -204,6 +249,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		span.SetAttributes(attribute.Int64("ckpt.bytes_local", m.FullSize), attribute.Bool("ckpt.moved", true))
 		res.DurationMS = time.Since(start).Milliseconds()
 		return res, nil
+	}
+	var ldir *os.File // the local copy's dir: files are linked only from it
+	if local != nil {
+		if ldir, err = safefs.OpenRoot(local.Dir); err != nil {
+			local = nil // no local copy after all: everything from storage
+		} else {
+			defer ldir.Close()
+		}
 	}
 	var done, bLocal, bRemote, fLocal, fRemote, fallbacks atomic.Int64
 	progress := func(k int64) {
@@ -220,9 +273,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			if err := gctx.Err(); err != nil {
 				return err
 			}
-			dst := filepath.Join(tmp, f.Name)
 			if local != nil {
-				used, err := fromLocal(local, dst, f, o.TrustUnchangedLocal)
+				used, err := fromLocal(local, ldir, tmpDir, f, o.TrustUnchangedLocal)
 				if err != nil {
 					return fmt.Errorf("restore %s: %w", f.Name, err)
 				}
@@ -234,7 +286,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 				}
 				fallbacks.Add(1)
 			}
-			if err := fromStorage(gctx, o.Store, dst, f, progress); err != nil {
+			if err := fromStorage(gctx, o.Store, tmpDir, f, progress); err != nil {
 				return fmt.Errorf("restore %s of %s checkpoint %d: %w", f.Name, o.Task, n, err)
 			}
 			bRemote.Add(f.Size) // inline bytes came from storage too, in the manifest
@@ -248,7 +300,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	span.SetAttributes(attribute.Int64("ckpt.bytes_local", bLocal.Load()), attribute.Int64("ckpt.bytes_remote", bRemote.Load()),
 		attribute.Int64("ckpt.local_fallbacks", fallbacks.Load()))
-	if err := place(tmp, target); err != nil {
+	if err := place(parent, tmpDir, tmpName, base, target); err != nil {
 		return nil, err
 	}
 	ok = true
@@ -258,12 +310,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			res.LocalVerification = "identity"
 		}
 	}
-	if ls != nil && (local == nil || fallbacks.Load() > 0) {
+	if ls != nil && placed != "" && (local == nil || fallbacks.Load() > 0) {
 		// Restore inherits: the agent on this local dir will know these
 		// files (and their inodes) as checkpoint n and upload none of them.
 		// (When every file came from the local copy of n, that copy already
 		// says so, and its shared files are the target's inodes.)
-		if _, err := ls.Adopt(o.Task, m, encoded, target); err != nil {
+		if _, err := ls.Adopt(o.Task, m, encoded, placed); err != nil {
 			return nil, fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
 		}
 	}
@@ -277,16 +329,18 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	return res, nil
 }
 
-// place makes the verified tree tmp the target: fsync tmp, rename, fsync
-// the parent. The target appears whole or not at all.
-func place(tmp, target string) error {
-	if err := syncDir(tmp); err != nil {
-		return fmt.Errorf("restore: fsync %s: %w", tmp, err)
+// place makes the verified tree tmpDir (named tmpName in parent) the
+// target base in parent: fsync tmpDir, renameat relative to parent, fsync
+// parent. The target appears whole or not at all; an empty directory
+// already there is replaced. target names it in messages.
+func place(parent, tmpDir *os.File, tmpName, base, target string) error {
+	if err := tmpDir.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
+		return fmt.Errorf("restore: fsync %s: %w", tmpDir.Name(), err)
 	}
-	if err := os.Rename(tmp, target); err != nil {
-		return fmt.Errorf("restore: move the verified store into place: %w", err)
+	if err := unix.Renameat(int(parent.Fd()), tmpName, int(parent.Fd()), base); err != nil {
+		return fmt.Errorf("restore: move the verified store into place at %s: %w", target, err)
 	}
-	if err := syncDir(filepath.Dir(target)); err != nil {
+	if err := parent.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
 		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
 	}
 	return nil
@@ -351,53 +405,102 @@ func isEmptyOrAbsent(dir string) (bool, error) {
 	return len(entries) == 0, nil
 }
 
-func makeTemp(target string) (string, error) {
-	parent := filepath.Dir(target)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return "", fmt.Errorf("restore: %w", err)
+// isEmptyOrAbsentAt is isEmptyOrAbsent for the entry name of parent,
+// which must not be a symlink.
+func isEmptyOrAbsentAt(parent *os.File, name string) (bool, error) {
+	d, err := safefs.OpenDirAt(parent, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return true, nil
 	}
+	if err != nil {
+		return false, fmt.Errorf("restore target: %w", err)
+	}
+	defer d.Close()
+	entries, err := d.ReadDir(1)
+	if err != nil && err != io.EOF {
+		return false, fmt.Errorf("restore target: %w", err)
+	}
+	return len(entries) == 0, nil
+}
+
+// makeTemp creates and opens the temporary directory the restore fills,
+// beside the target base in parent.
+func makeTemp(parent *os.File, base string) (*os.File, string, error) {
 	b := make([]byte, 6)
 	rand.Read(b)
-	tmp := filepath.Join(parent, "."+filepath.Base(target)+".restore-"+hex.EncodeToString(b))
-	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return "", fmt.Errorf("restore: %w", err)
+	name := "." + base + ".restore-" + hex.EncodeToString(b)
+	if err := unix.Mkdirat(int(parent.Fd()), name, 0o755); err != nil {
+		return nil, "", fmt.Errorf("restore: create %s: %w", name, err)
 	}
-	return tmp, nil
+	d, err := safefs.OpenDirAt(parent, name)
+	if err != nil {
+		unix.Unlinkat(int(parent.Fd()), name, unix.AT_REMOVEDIR)
+		return nil, "", fmt.Errorf("restore: %w", err)
+	}
+	return d, name, nil
+}
+
+// removeTemp removes the temporary directory name of parent and the files
+// in it, relative to parent.
+func removeTemp(parent *os.File, name string) {
+	d, err := safefs.OpenDirAt(parent, name)
+	if err != nil {
+		return
+	}
+	entries, _ := d.ReadDir(-1)
+	for _, e := range entries {
+		unix.Unlinkat(int(d.Fd()), e.Name(), 0)
+	}
+	d.Close()
+	unix.Unlinkat(int(parent.Fd()), name, unix.AT_REMOVEDIR)
 }
 
 // fromLocal takes a file from the local copy if it is there and matches
 // the manifest: its bytes hash to the manifest's SHA-256, or, with
 // trustUnchanged, it is still the inode its checkpoint completed with.
 // Shared files are hard-linked (copied across devices); private files are
-// copied, since the engine may append to them.
-func fromLocal(local *localrecovery.Local, dst string, f manifests.File, trustUnchanged bool) (bool, error) {
-	src := local.Path(f.Name)
-	fi, err := os.Lstat(src)
+// copied, since the engine may append to them. Everything is relative to
+// ldir, the local copy's directory as opened, and tmp: the file is opened
+// without following a symlink, checked through that open file, and a hard
+// link is kept only if it is that very inode, so nothing from outside the
+// local dir (a name swapped meanwhile) is ever linked into the target.
+func fromLocal(local *localrecovery.Local, ldir, tmp *os.File, f manifests.File, trustUnchanged bool) (bool, error) {
+	in, err := safefs.OpenFileAt(ldir, f.Name)
+	if err != nil {
+		return false, nil
+	}
+	defer in.Close()
+	fi, err := in.Stat()
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != f.Size {
 		return false, nil
 	}
 	if !trustUnchanged || !local.UnchangedInfo(f.Name, fi) {
-		sum, err := hashFile(src)
+		sum, err := hashReader(in)
 		if err != nil || sum != f.SHA256 {
+			return false, nil
+		}
+		if _, err := in.Seek(0, io.SeekStart); err != nil {
 			return false, nil
 		}
 	}
 	if f.Kind == manifests.Shared {
-		err := os.Link(src, dst)
+		err := unix.Linkat(int(ldir.Fd()), f.Name, int(tmp.Fd()), f.Name, 0)
 		if err == nil {
-			return true, nil
+			var st unix.Stat_t
+			want := fi.Sys().(*syscall.Stat_t)
+			if unix.Fstatat(int(tmp.Fd()), f.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+				return true, nil
+			}
+			// Not the inode checked: the name changed meanwhile.
+			unix.Unlinkat(int(tmp.Fd()), f.Name, 0)
+			return false, nil
 		}
 		if !errors.Is(err, syscall.EXDEV) {
 			return false, err
 		}
 	}
-	in, err := os.Open(src)
-	if err != nil {
-		return false, nil
-	}
-	defer in.Close()
-	if err := writeVerified(dst, in, f, nil); err != nil {
-		os.Remove(dst)
+	if err := writeVerified(tmp, f.Name, in, f, nil); err != nil {
+		unix.Unlinkat(int(tmp.Fd()), f.Name, 0)
 		return false, nil // changed under us: take it from storage
 	}
 	return true, nil
@@ -405,9 +508,9 @@ func fromLocal(local *localrecovery.Local, dst string, f manifests.File, trustUn
 
 // fromStorage writes a file from its inline bytes or its object, verifying
 // size and hash; a mismatch fails the restore loudly.
-func fromStorage(ctx context.Context, s storage.Store, dst string, f manifests.File, progress func(int64)) error {
+func fromStorage(ctx context.Context, s storage.Store, dir *os.File, f manifests.File, progress func(int64)) error {
 	if f.Inline != nil {
-		if err := writeVerified(dst, &sliceReader{b: f.Inline}, f, progress); err != nil {
+		if err := writeVerified(dir, f.Name, &sliceReader{b: f.Inline}, f, progress); err != nil {
 			return err
 		}
 		return nil
@@ -417,7 +520,7 @@ func fromStorage(ctx context.Context, s storage.Store, dst string, f manifests.F
 		return err
 	}
 	defer rc.Close()
-	return writeVerified(dst, rc, f, progress)
+	return writeVerified(dir, f.Name, rc, f, progress)
 }
 
 type sliceReader struct{ b []byte }
@@ -431,13 +534,14 @@ func (r *sliceReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// writeVerified streams r into a new file dst while hashing, then checks
-// size and SHA-256 and fsyncs.
-func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int64)) error {
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+// writeVerified streams r into a new file name of dir while hashing, then
+// checks size and SHA-256 and fsyncs.
+func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, progress func(int64)) error {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "create", Path: name, Err: err}
 	}
+	out := os.NewFile(uintptr(fd), name)
 	defer out.Close()
 	h := sha256.New()
 	w := io.MultiWriter(out, h)
@@ -485,12 +589,7 @@ func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int6
 // a gigabyte of garbage per gigabyte restored.
 var bufs = sync.Pool{New: func() any { b := make([]byte, 1<<20); return &b }}
 
-func hashFile(p string) (string, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
+func hashReader(f io.Reader) (string, error) {
 	h := sha256.New()
 	bp := bufs.Get().(*[]byte)
 	defer bufs.Put(bp)
@@ -498,16 +597,4 @@ func hashFile(p string) (string, error) {
 		return "", err
 	}
 	return hex.EncodeToString(h.Sum(nil)), nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return err
-	}
-	return nil
 }
