@@ -82,7 +82,9 @@ func failed(req protocol.Request, e *protocol.Error) protocol.Event {
 
 // checkpoint runs the sync phase in the caller's goroutine and queues the
 // async phase. Everything before "synced" is local: confinement, the queue
-// bound, and hard links. No hashing, no network, no fsync.
+// bound, and hard links. No hashing, no network, no fsync. The snapshot dir
+// is opened once by resolveDir, and the sync phase works on its files only
+// through that handle (localrecovery.Store.TakeDir).
 func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	start := time.Now()
 	eng, err := a.cfg.Engines.Lookup(req.Engine)
@@ -95,6 +97,7 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 		c.send(failed(req, perr))
 		return
 	}
+	defer dir.Close()
 	a.mu.Lock()
 	if a.draining {
 		a.mu.Unlock()
@@ -126,7 +129,7 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	a.cfg.Telemetry.CheckpointStarted(ctx, req.Task)
 
 	_, syncSpan := otel.Tracer("ckpt").Start(ctx, "sync")
-	snap, err := a.local.Take(req.Task, req.Checkpoint, dir, req.Handoff)
+	snap, err := a.local.TakeDir(req.Task, req.Checkpoint, dir, req.Handoff)
 	syncSpan.End()
 	if err != nil {
 		var bad *localrecovery.BadFileError
