@@ -21,6 +21,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
@@ -37,8 +40,10 @@ type Config struct {
 	Job      string        // the job namespace in storage (required)
 	LocalDir string        // the task-local store (required)
 	// AllowRoots confines checkpoint dirs and restore targets: a dir must
-	// resolve, after symlinks, inside one of them. At least one absolute
-	// root is required; "/" allows any dir, explicitly.
+	// resolve, after symlinks, inside one of them, and is then opened below
+	// it through no symlink. At least one absolute root is required; "/"
+	// allows any dir, explicitly. The roots are resolved (they must exist)
+	// and opened once, when the agent starts.
 	AllowRoots []string
 	// AllowUIDs and AllowGIDs, when either is set, restrict who may
 	// connect: a peer whose uid (SO_PEERCRED) is not in AllowUIDs and whose
@@ -104,8 +109,11 @@ type Config struct {
 	// restored event carries. An error wrapping a *protocol.Error fails the
 	// op with its code; restore.ErrNoCheckpoint gives not_found,
 	// restore.ErrTargetNotEmpty conflict, anything else internal. nil makes
-	// the op answer unavailable.
-	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (*restore.Result, error)
+	// the op answer unavailable. parent is target's parent directory, opened
+	// under an allowed root (filepath.Dir(target) is only its name): the
+	// restore must create and place target relative to it
+	// (restore.Options.TargetParent), never walk target's path again.
+	Restore func(ctx context.Context, task string, checkpoint uint64, target string, parent *os.File) (*restore.Result, error)
 
 	// wrapListener, when set (by tests), wraps the socket's listener.
 	wrapListener func(net.Listener) net.Listener
@@ -202,6 +210,7 @@ type Agent struct {
 	log     *slog.Logger
 	local   *localrecovery.Store
 	agentID string
+	roots   []root // the allowed roots, open
 	// presence confirms reused objects before commits (job-wide index).
 	presence *uploader.Presence
 
@@ -237,6 +246,10 @@ func New(cfg Config) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
+	roots, err := openRoots(cfg.AllowRoots)
+	if err != nil {
+		return nil, err
+	}
 	for _, r := range cfg.AllowRoots {
 		if r == "/" {
 			cfg.Logger.Warn("allow root / lets any peer of the socket checkpoint any directory the agent can read and restore into any the agent can write; name the app's data directories with --allow-root instead")
@@ -254,7 +267,7 @@ func New(cfg Config) (*Agent, error) {
 	rand.Read(id)
 	host, _ := os.Hostname()
 	return &Agent{
-		cfg: cfg, log: cfg.Logger, local: local,
+		cfg: cfg, log: cfg.Logger, local: local, roots: roots,
 		presence: uploader.NewPresence(cfg.Store, manifests.SharedPrefix(cfg.Job), cfg.ReuseCheckMaxAge),
 		agentID:  host + "-" + hex.EncodeToString(id),
 		tasks:    map[string]*task{},
@@ -472,25 +485,59 @@ func (a *Agent) recoverLocal() error {
 	return nil
 }
 
-// resolveDir applies confinement: dir must resolve inside an allowed root.
-func (a *Agent) resolveDir(dir string) (string, *protocol.Error) {
+// resolveDir applies confinement: dir must resolve inside an allowed root,
+// and is opened there, once (invariant 10). Symlinks in dir are resolved
+// once, for the check; the resolved path is then opened below its root's
+// fd, component by component, through no symlink (safefs.Beneath), so a
+// component swapped after the check fails the open instead of leading
+// outside. The caller works through the returned handle only and closes it.
+func (a *Agent) resolveDir(dir string) (*safefs.Dir, *protocol.Error) {
+	if !filepath.IsAbs(dir) {
+		return nil, errorf(protocol.CodeBadRequest, "dir %s is not an absolute path", dir)
+	}
 	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
-		return "", errorf(protocol.CodeBadRequest, "dir %s: %v", dir, err)
+		return nil, errorf(protocol.CodeBadRequest, "dir %s: %v", dir, err)
 	}
-	fi, err := os.Stat(resolved)
-	if err != nil || !fi.IsDir() {
-		return "", errorf(protocol.CodeBadRequest, "dir %s is not a directory", dir)
-	}
-	if len(a.cfg.AllowRoots) == 0 {
-		return resolved, nil
-	}
-	for _, root := range a.cfg.AllowRoots {
-		if resolved == root || strings.HasPrefix(resolved, root+string(filepath.Separator)) {
-			return resolved, nil
+	for _, r := range a.roots {
+		rel, err := filepath.Rel(r.path, resolved)
+		if err != nil || rel == ".." || strings.HasPrefix(rel, ".."+string(filepath.Separator)) {
+			continue
 		}
+		d, err := safefs.Beneath(r.f, r.path, rel)
+		switch {
+		case errors.Is(err, safefs.ErrUnsafe):
+			return nil, errorf(protocol.CodeBadRequest, "dir %s is not a directory, or a component of it is a symlink or was swapped for one while it was opened: %v", dir, err)
+		case err != nil:
+			return nil, errorf(protocol.CodeBadRequest, "dir %s: %v", dir, err)
+		}
+		return d, nil
 	}
-	return "", errorf(protocol.CodeBadRequest, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
+	return nil, errorf(protocol.CodeBadRequest, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
+}
+
+// root is an allowed root, opened once when the agent starts.
+type root struct {
+	path string
+	f    *os.File
+}
+
+// openRoots opens the allowed roots (Config.defaults requires at least
+// one and resolves them). They stay open for the agent's life: every
+// request dir is opened relative to them.
+func openRoots(paths []string) ([]root, error) {
+	roots := make([]root, 0, len(paths))
+	for _, p := range paths {
+		f, err := safefs.OpenRoot(p)
+		if err != nil {
+			for _, r := range roots {
+				r.f.Close()
+			}
+			return nil, fmt.Errorf("allow root %q: %w", p, err)
+		}
+		roots = append(roots, root{path: p, f: f})
+	}
+	return roots, nil
 }
 
 func (a *Agent) handle(ctx context.Context, c *conn, req protocol.Request) {
@@ -532,22 +579,28 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 		return
 	}
 	// The target is confined like a checkpoint dir: it need not exist, but
-	// its parent must resolve inside an allowed root.
-	parent, perr := a.resolveDir(filepath.Dir(filepath.Clean(req.Target)))
+	// its parent must resolve inside an allowed root, and is opened there
+	// once: the restore creates and places the target relative to that fd.
+	clean := filepath.Clean(req.Target)
+	parent, perr := a.resolveDir(filepath.Dir(clean))
 	if perr != nil {
 		c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: perr})
 		return
 	}
-	target := filepath.Join(parent, filepath.Base(filepath.Clean(req.Target)))
-	if fi, err := os.Lstat(target); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+	base := filepath.Base(clean)
+	var st unix.Stat_t
+	if clean == "/" || unix.Fstatat(parent.Fd(), base, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		parent.Close()
 		c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
 			Error: errorf(protocol.CodeBadRequest, "target %s is a symlink", req.Target)})
 		return
 	}
+	target := filepath.Join(parent.Path(), base)
 	a.jobs.Add(1)
 	go func() {
 		defer a.jobs.Done()
-		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, target)
+		defer parent.Close()
+		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, target, parent.File())
 		if err != nil {
 			code := protocol.CodeInternal
 			var pe *protocol.Error

@@ -79,7 +79,7 @@ func (a *Agent) taskLocked(name string) *task {
 }
 
 // takeSnapshot is the sync phase's local work; fault tests replace it.
-var takeSnapshot = (*localrecovery.Store).Take
+var takeSnapshot = (*localrecovery.Store).TakeDir
 
 // diskFull reports whether err is the local filesystem out of space or
 // quota: a condition to retry later, not a bug.
@@ -93,7 +93,9 @@ func failed(req protocol.Request, e *protocol.Error) protocol.Event {
 
 // checkpoint runs the sync phase in the caller's goroutine and queues the
 // async phase. Everything before "synced" is local: confinement, the queue
-// bound, and hard links. No hashing, no network, no fsync.
+// bound, and hard links. No hashing, no network, no fsync. The snapshot dir
+// is opened once by resolveDir, and the sync phase works on its files only
+// through that handle (localrecovery.Store.TakeDir).
 func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	start := time.Now()
 	eng, err := a.cfg.Engines.Lookup(req.Engine)
@@ -106,6 +108,7 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 		c.send(failed(req, perr))
 		return
 	}
+	defer dir.Close()
 	a.mu.Lock()
 	if a.draining {
 		a.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/protocol"
 	"log/slog"
@@ -130,8 +131,8 @@ func TestAFullLocalDiskFailsTheCheckpointAsUnavailable(t *testing.T) {
 		t.Run(errno.Error(), func(t *testing.T) {
 			orig := takeSnapshot
 			t.Cleanup(func() { takeSnapshot = orig })
-			takeSnapshot = func(s *localrecovery.Store, task string, n uint64, dir string, handoff bool) (*localrecovery.Snapshot, error) {
-				return nil, fmt.Errorf("link 000001.sst into the local store: %w", &os.LinkError{Op: "link", Old: dir, New: s.Root(), Err: errno})
+			takeSnapshot = func(s *localrecovery.Store, task string, n uint64, dir *safefs.Dir, handoff bool) (*localrecovery.Snapshot, error) {
+				return nil, fmt.Errorf("link 000001.sst into the local store: %w", &os.LinkError{Op: "link", Old: dir.Path(), New: s.Root(), Err: errno})
 			}
 			h := start(t, nil, nil)
 			c := h.dial()

@@ -11,7 +11,11 @@
 // Hard links cost no bytes and no time proportional to the state, but need
 // the local dir on the same filesystem as the app's store; across devices
 // the files are copied, which is slow, and Link reports it so the agent can
-// warn. Nothing here is fsynced: a local copy is a cache that every restore
+// warn. The sync phase works on the snapshot dir through the handle the
+// agent opened under its allowed root (TakeDir), never through its path,
+// and Inspect refuses files not owned by the snapshot dir's owner (the
+// rule against hard links to other users' files; see Inspect for what it
+// does and does not guarantee). Nothing here is fsynced: a local copy is a cache that every restore
 // verifies against the manifest's checksums, never a source of truth.
 package localrecovery
 
@@ -31,6 +35,9 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/manifests"
 )
 
@@ -107,6 +114,10 @@ type Snapshot struct {
 	// the store (Take with handoff).
 	HandedOff bool
 	names     []string
+	// owner is the uid owning the snapshot dir; copied names the files
+	// copied (their owner was checked on the source).
+	owner  uint32
+	copied map[string]bool
 }
 
 // Path returns the local path of a file of the snapshot.
@@ -148,28 +159,52 @@ func (s *Store) Link(task string, n uint64, src string) (*Snapshot, error) {
 	return sn, nil
 }
 
-// Take is the sync phase: it puts every file of src into the local store as
-// checkpoint n of task, and does nothing else that costs per byte: no
+// Take is TakeDir for a snapshot dir named by a path the caller trusts
+// (its own): only its last component must not be a symlink.
+func (s *Store) Take(task string, n uint64, src string, handoff bool) (*Snapshot, error) {
+	d, err := safefs.Open(src)
+	if err != nil {
+		if errors.Is(err, safefs.ErrUnsafe) {
+			return nil, &BadFileError{Name: src, Reason: "is not a directory or is a symlink"}
+		}
+		return nil, fmt.Errorf("open snapshot dir: %w", err)
+	}
+	defer d.Close()
+	return s.TakeDir(task, n, d, handoff)
+}
+
+// TakeDir is the sync phase: it puts every file of src into the local store
+// as checkpoint n of task, and does nothing else that costs per byte: no
 // hashing, no fsync, no network.
 //
-// With handoff false, each file is hard-linked (copied across devices), so
-// src is left as it was; this costs one link(2) per file, about 20 µs each
-// on ext4. With handoff true the caller gives src up (it would delete it
-// after synced anyway), and Take renames the whole directory into the
-// store: one rename(2) whatever the number of files. It falls back to
-// linking when the rename is impossible (another device, permissions).
+// src is an open directory (see safefs), and every operation on its files
+// goes through its fd: the entries are read from the fd, each file is
+// hard-linked with linkat(src, name, dst, name, 0) (which never follows a
+// symlink), and a copy (across devices) opens the file with
+// openat(src, name, O_NOFOLLOW). A path the peer could swap is never
+// walked again. This costs one link(2) per file, about 20 µs each on ext4.
+// With handoff true the caller gives src up (it would delete it after
+// synced anyway), and TakeDir renames the directory itself into the store
+// with renameat from src's verified parent: one rename(2) whatever the
+// number of files. It falls back to linking when the rename is impossible
+// (another device, permissions, src opened as a root).
 //
 // src must hold only regular files, checked from the directory entries'
 // types: anything else (symlink, directory, device, socket) fails the whole
 // snapshot with a *BadFileError and leaves nothing behind. Inspect checks
-// the files themselves afterwards, before any byte is read.
-func (s *Store) Take(task string, n uint64, src string, handoff bool) (*Snapshot, error) {
-	entries, err := os.ReadDir(src)
+// the files themselves afterwards, before any byte is read, including
+// their owner (see Inspect).
+func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*Snapshot, error) {
+	var dirSt unix.Stat_t
+	if err := unix.Fstat(src.Fd(), &dirSt); err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	entries, err := src.File().ReadDir(-1)
 	if err != nil {
 		return nil, fmt.Errorf("read snapshot dir: %w", err)
 	}
 	if len(entries) == 0 {
-		return nil, &BadFileError{Name: src, Reason: "snapshot dir is empty"}
+		return nil, &BadFileError{Name: src.Path(), Reason: "snapshot dir is empty"}
 	}
 	names := make([]string, 0, len(entries))
 	for _, e := range entries {
@@ -188,45 +223,146 @@ func (s *Store) Take(task string, n uint64, src string, handoff bool) (*Snapshot
 	if err := os.MkdirAll(filepath.Dir(dst), 0o750); err != nil {
 		return nil, fmt.Errorf("local store: %w", err)
 	}
-	sn := &Snapshot{Task: task, Checkpoint: n, Dir: dst, names: names}
-	if handoff && os.Rename(src, dst) == nil {
-		sn.HandedOff = true
-		return sn, nil
-	}
-	if err := os.Mkdir(dst, 0o750); err != nil {
+	taskDir, err := safefs.OpenRoot(filepath.Dir(dst))
+	if err != nil {
 		return nil, fmt.Errorf("local store: %w", err)
 	}
-	for _, name := range names {
-		from, to := filepath.Join(src, name), filepath.Join(dst, name)
-		if err := os.Link(from, to); err != nil {
-			if !errors.Is(err, syscall.EXDEV) {
-				os.RemoveAll(dst)
-				return nil, fmt.Errorf("link %s into the local store: %w", name, err)
-			}
-			if err := copyFile(from, to); err != nil {
-				os.RemoveAll(dst)
-				return nil, fmt.Errorf("copy %s into the local store: %w", name, err)
-			}
-			sn.Copied++
+	defer taskDir.Close()
+	sn := &Snapshot{Task: task, Checkpoint: n, Dir: dst, names: names, owner: dirSt.Uid}
+	if parent, name := src.Parent(); handoff && parent != nil {
+		if handOff(parent, name, taskDir, filepath.Base(dst), &dirSt) {
+			sn.HandedOff = true
+			return sn, nil
 		}
 	}
+	if err := unix.Mkdirat(int(taskDir.Fd()), filepath.Base(dst), 0o750); err != nil {
+		return nil, fmt.Errorf("local store: %w", &os.PathError{Op: "mkdir", Path: dst, Err: err})
+	}
+	to, err := safefs.OpenDirAt(taskDir, filepath.Base(dst))
+	if err != nil {
+		os.RemoveAll(dst)
+		return nil, fmt.Errorf("local store: %w", err)
+	}
+	defer to.Close()
+	sfd, dfd := src.Fd(), int(to.Fd())
+	for _, name := range names {
+		err := unix.Linkat(sfd, name, dfd, name, 0)
+		if err == nil {
+			continue
+		}
+		if !errors.Is(err, unix.EXDEV) {
+			os.RemoveAll(dst)
+			return nil, fmt.Errorf("link %s into the local store: %w", name, err)
+		}
+		if err := copyAt(src.File(), to, name, dirSt.Uid); err != nil {
+			os.RemoveAll(dst)
+			var bad *BadFileError
+			if errors.As(err, &bad) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("copy %s into the local store: %w", name, err)
+		}
+		sn.Copied++
+		if sn.copied == nil {
+			sn.copied = map[string]bool{}
+		}
+		sn.copied[name] = true
+	}
 	return sn, nil
+}
+
+// handOff renames the snapshot dir name in parent to to/chk, and keeps it
+// there only if it is the directory that was opened and listed (dir): a
+// peer that swapped the name in between gets its entry back.
+func handOff(parent *os.File, name string, to *os.File, chk string, dir *unix.Stat_t) bool {
+	if unix.Renameat(int(parent.Fd()), name, int(to.Fd()), chk) != nil {
+		return false
+	}
+	var st unix.Stat_t
+	if unix.Fstatat(int(to.Fd()), chk, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Dev == dir.Dev && st.Ino == dir.Ino {
+		return true
+	}
+	unix.Renameat2(int(to.Fd()), chk, int(parent.Fd()), name, unix.RENAME_NOREPLACE)
+	return false
+}
+
+// copyAt copies the regular file name of dir into to, opened without
+// following a symlink. The copy is a new inode of the agent's, so the
+// owner rule of Inspect is applied here, to the file that was opened.
+func copyAt(dir, to *os.File, name string, owner uint32) error {
+	in, err := safefs.OpenFileAt(dir, name)
+	if err != nil {
+		if errors.Is(err, safefs.ErrUnsafe) || errors.Is(err, safefs.ErrNotRegular) {
+			return &BadFileError{Name: name, Reason: "changed into a non-regular file while being taken"}
+		}
+		return err
+	}
+	defer in.Close()
+	fi, err := in.Stat()
+	if err != nil {
+		return err
+	}
+	if reason := foreign(fi, owner); reason != "" {
+		return &BadFileError{Name: name, Reason: reason}
+	}
+	fd, err := unix.Openat(int(to.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o640)
+	if err != nil {
+		return err
+	}
+	out := os.NewFile(uintptr(fd), name)
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// foreign applies the owner rule to a snapshot file: it returns why the
+// file is refused, or "" (see Snapshot.Inspect).
+func foreign(fi fs.FileInfo, owner uint32) string {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok || st.Uid == owner {
+		return ""
+	}
+	return fmt.Sprintf("is owned by uid %d, not by uid %d that owns the snapshot dir (a hard link to another user's file?)", st.Uid, owner)
 }
 
 // Inspect stats every file of a snapshot taken into the store and fills
 // Files with their sizes and inode identities. It checks what is in the
 // store, not what was listed: an entry swapped for a symlink in between
-// (link(2) does not follow one) fails here with a *BadFileError, before
-// anything is read or uploaded.
+// (linkat(2) without AT_SYMLINK_FOLLOW does not follow one) fails here
+// with a *BadFileError, before anything is read or uploaded.
+//
+// It also refuses, with a *BadFileError, a file whose owner (uid) is not
+// the owner of the snapshot dir. This is the rule against hard links: a
+// snapshot file may be a hard link to an inode that has other names
+// outside the allowed roots, and those names cannot be found cheaply
+// (st_nlink is no help: engine checkpoints are hard links by design, and
+// the count changes as the app deletes its snapshot after synced). What
+// the rule guarantees: every file shipped belongs to the uid that owns the
+// snapshot dir, so a peer that made its snapshot dir can ship only inodes
+// its own uid owns, which it could read (or chmod and read) anyway;
+// another user's file (root's, another tenant's) hard-linked into a
+// snapshot is refused, whether or not fs.protected_hardlinks let the link
+// be made. What it cannot guarantee: that a file owned by that uid has no
+// name outside the roots (one of the peer's own files elsewhere passes);
+// and a snapshot dir owned by root admits root's files, so a peer that can
+// make root-owned directories inside a root is not confined by it. The
+// owner is read from the inode itself (fstat, and for a copy the opened
+// source), so a swap of the name in between cannot dodge it.
 func (sn *Snapshot) Inspect() error {
 	files := make([]File, 0, len(sn.names))
 	for _, name := range sn.names {
-		f, err := stat(filepath.Join(sn.Dir, name))
+		fi, err := os.Lstat(filepath.Join(sn.Dir, name))
 		if err != nil {
 			return fmt.Errorf("snapshot file %s: %w", name, err)
 		}
+		f := fileOf(fi)
 		if f == nil {
 			return &BadFileError{Name: name, Reason: "changed into a non-regular file while being taken"}
+		}
+		if reason := foreign(fi, sn.owner); reason != "" && !sn.copied[name] {
+			return &BadFileError{Name: name, Reason: reason}
 		}
 		f.Name = name
 		files = append(files, *f)
@@ -261,14 +397,20 @@ func stat(p string) (*File, error) {
 	if err != nil {
 		return nil, err
 	}
+	return fileOf(fi), nil
+}
+
+// fileOf is the identity of the regular file fi describes, nil if it is
+// not regular.
+func fileOf(fi fs.FileInfo) *File {
 	if !fi.Mode().IsRegular() {
-		return nil, nil
+		return nil
 	}
-	f := &File{Name: filepath.Base(p), Size: fi.Size(), ModTime: fi.ModTime().UnixNano()}
+	f := &File{Name: fi.Name(), Size: fi.Size(), ModTime: fi.ModTime().UnixNano()}
 	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
 		f.Dev, f.Ino = uint64(st.Dev), uint64(st.Ino)
 	}
-	return f, nil
+	return f
 }
 
 func copyFile(from, to string) error {

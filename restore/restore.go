@@ -24,7 +24,10 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ckpt-io/ckpt/internal/fsutil"
+	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -40,6 +43,13 @@ type Options struct {
 	Job, Task string
 	// Target is the directory to create; it must be absent or empty.
 	Target string
+	// TargetParent, when set, is Target's parent directory, already open
+	// (the agent opens it under an allowed root): the restore then checks,
+	// creates, fills and places Target only relative to it and to the
+	// directories it creates there, never through Target's path, whose
+	// parent part is then only a name for messages. Without it, Target's
+	// parent is created if needed and opened by its path, once.
+	TargetParent *os.File
 	// Checkpoint picks a retained checkpoint; 0 means the newest.
 	Checkpoint uint64
 	// LocalDir is the agent's local dir: files are taken from the local copy
@@ -124,7 +134,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	if skip, err := checkTarget(target, o.IfNotExists); skip != nil || err != nil {
+	if skip, err := checkTarget(o.TargetParent, target, o.IfNotExists); skip != nil || err != nil {
 		return skip, err
 	}
 	r := &restorer{o: o, target: target}
@@ -144,7 +154,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		}
 		r.local = r.ls.GetFor(o.Task, r.m, r.encoded)
 	}
-	if r.tmp, err = makeTemp(target); err != nil {
+	defer r.close()
+	if err := r.makeTemp(); err != nil {
 		return nil, err
 	}
 	res := &Result{Restored: true, Task: o.Task, Checkpoint: r.n, Files: len(r.m.Files), Bytes: r.m.FullSize, Target: target}
@@ -154,7 +165,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		err = r.fetch(ctx, res)
 	}
 	if err != nil {
-		os.RemoveAll(r.tmp) // gone already if the store was placed
+		r.removeTemp()
 		return nil, err
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
@@ -180,9 +191,10 @@ func prepare(o *Options) (string, error) {
 }
 
 // checkTarget refuses a target that holds files, or, with ifNotExists,
-// returns the result of a restore that does nothing.
-func checkTarget(target string, ifNotExists bool) (*Result, error) {
-	empty, err := isEmptyOrAbsent(target)
+// returns the result of a restore that does nothing. With parent (the
+// open TargetParent) the target is looked at relative to it only.
+func checkTarget(parent *os.File, target string, ifNotExists bool) (*Result, error) {
+	empty, err := isEmptyOrAbsent(parent, target)
 	if err != nil {
 		return nil, err
 	}
@@ -204,8 +216,19 @@ type restorer struct {
 	encoded []byte              // the manifest as stored
 	ls      *localrecovery.Store
 	local   *localrecovery.Local // the local copy of n, if any
-	tmp     string               // where files land before the target
 	span    trace.Span
+
+	// parent is the target's parent directory, open: o.TargetParent, or
+	// opened here by its path (ownParent: closed by close). The target is
+	// created, filled and placed relative to it, under the name base.
+	parent    *os.File
+	ownParent bool
+	base      string
+	tmpName   string   // the temporary directory's name in parent
+	tmpDir    *os.File // the temporary directory, open: files land in it
+	tmp       string   // its path, for lending only (no TargetParent)
+	ldir      *os.File // the local copy's directory, open: files come only from it
+	placed    bool     // the store is the target now
 }
 
 // choose picks the checkpoint and reads its manifest, which is checked
@@ -224,9 +247,11 @@ func (r *restorer) choose(ctx context.Context) error {
 // lend reports whether the move strategy applies, and if so has the local
 // copy become tmp in one rename: the local copy is trusted as it is
 // (TrustUnchangedLocal), holds exactly the manifest's files and each is
-// still the inode it completed with.
+// still the inode it completed with. Lending moves the local copy to tmp
+// by its path, so it applies only to a target whose path is the caller's
+// own (no TargetParent).
 func (r *restorer) lend() bool {
-	return r.local != nil && r.o.TrustUnchangedLocal && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
+	return r.local != nil && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
 }
 
 // move is the strategy for a lent local copy: the local copy is the store.
@@ -235,6 +260,13 @@ func (r *restorer) lend() bool {
 // in place the local dir re-creates its copy from it in the background.
 func (r *restorer) move(res *Result) error {
 	m := r.m
+	// The lent copy replaced the empty directory tmpDir had open.
+	lent, err := safefs.OpenDirAt(r.parent, r.tmpName)
+	if err != nil {
+		return fmt.Errorf("restore: %w", err)
+	}
+	r.tmpDir.Close()
+	r.tmpDir = lent
 	for _, f := range m.Files {
 		if f.Kind != manifests.Shared {
 			if err := fsutil.SyncFile(filepath.Join(r.tmp, f.Name)); err != nil {
@@ -242,7 +274,7 @@ func (r *restorer) move(res *Result) error {
 			}
 		}
 	}
-	if err := place(r.tmp, r.target); err != nil {
+	if err := r.place(); err != nil {
 		return err
 	}
 	r.ls.Readopt(r.o.Task, m, r.encoded, r.target)
@@ -267,6 +299,7 @@ type counts struct {
 // once. Then the store is placed and recorded in the local dir.
 func (r *restorer) fetch(ctx context.Context, res *Result) error {
 	o, m := r.o, r.m
+	r.openLocal()
 	var c counts
 	progress := func(k int64) {
 		if o.Progress != nil {
@@ -286,7 +319,7 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 	}
 	r.span.SetAttributes(attribute.Int64("ckpt.bytes_local", c.bLocal.Load()), attribute.Int64("ckpt.bytes_remote", c.bRemote.Load()),
 		attribute.Int64("ckpt.local_fallbacks", c.fallbacks.Load()))
-	if err := place(r.tmp, r.target); err != nil {
+	if err := r.place(); err != nil {
 		return err
 	}
 	if r.local != nil {
@@ -299,9 +332,12 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 		// Restore inherits: the agent on this local dir will know these
 		// files (and their inodes) as checkpoint n and upload none of them.
 		// (When every file came from the local copy of n, that copy already
-		// says so, and its shared files are the target's inodes.)
-		if _, err := r.ls.Adopt(o.Task, m, r.encoded, r.target); err != nil {
-			return fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
+		// says so, and its shared files are the target's inodes.) Without a
+		// path to the placed target (see placedPath) nothing is recorded.
+		if p := r.placedPath(); p != "" {
+			if _, err := r.ls.Adopt(o.Task, m, r.encoded, p); err != nil {
+				return fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
+			}
 		}
 	}
 	res.BytesLocal, res.BytesRemote = c.bLocal.Load(), c.bRemote.Load()
@@ -319,9 +355,8 @@ func (r *restorer) fetchFile(ctx context.Context, f manifests.File, c *counts, p
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	dst := filepath.Join(r.tmp, f.Name)
 	if r.local != nil {
-		used, err := fromLocal(r.local, dst, f, r.o.TrustUnchangedLocal)
+		used, err := fromLocal(r.local, r.ldir, r.tmpDir, f, r.o.TrustUnchangedLocal)
 		if err != nil {
 			return fmt.Errorf("restore %s: %w", f.Name, err)
 		}
@@ -333,7 +368,7 @@ func (r *restorer) fetchFile(ctx context.Context, f manifests.File, c *counts, p
 		}
 		c.fallbacks.Add(1)
 	}
-	if err := fromStorage(ctx, r.o.Store, dst, f, progress); err != nil {
+	if err := fromStorage(ctx, r.o.Store, r.tmpDir, f, progress); err != nil {
 		return fmt.Errorf("restore %s of %s checkpoint %d: %w", f.Name, r.o.Task, r.n, err)
 	}
 	c.bRemote.Add(f.Size) // inline bytes came from storage too, in the manifest
@@ -341,19 +376,113 @@ func (r *restorer) fetchFile(ctx context.Context, f manifests.File, c *counts, p
 	return nil
 }
 
-// place makes the verified tree tmp the target: fsync tmp, rename, fsync
-// the parent. The target appears whole or not at all.
-func place(tmp, target string) error {
-	if err := fsutil.SyncDir(tmp); err != nil {
-		return fmt.Errorf("restore: fsync %s: %w", tmp, err)
+// openLocal opens the local copy's directory, if there is a local copy:
+// fetchFile takes local files only relative to it. A copy that cannot be
+// opened is no local copy after all: everything comes from storage.
+func (r *restorer) openLocal() {
+	if r.local == nil {
+		return
 	}
-	if err := os.Rename(tmp, target); err != nil {
-		return fmt.Errorf("restore: move the verified store into place: %w", err)
+	d, err := safefs.OpenRoot(r.local.Dir)
+	if err != nil {
+		r.local = nil
+		return
 	}
-	if err := fsutil.SyncDir(filepath.Dir(target)); err != nil {
-		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(target), err)
+	r.ldir = d
+}
+
+// makeTemp opens the target's parent (without TargetParent, creating it
+// by its path first) and creates and opens the temporary directory the
+// restore fills, beside the target.
+func (r *restorer) makeTemp() error {
+	r.parent = r.o.TargetParent
+	if r.parent == nil {
+		dir := filepath.Dir(r.target)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		p, err := safefs.OpenRoot(dir)
+		if err != nil {
+			return fmt.Errorf("restore: %w", err)
+		}
+		r.parent, r.ownParent = p, true
+	}
+	b := make([]byte, 6)
+	rand.Read(b)
+	r.base = filepath.Base(r.target)
+	r.tmpName = "." + r.base + ".restore-" + hex.EncodeToString(b)
+	r.tmp = filepath.Join(filepath.Dir(r.target), r.tmpName)
+	if err := unix.Mkdirat(int(r.parent.Fd()), r.tmpName, 0o755); err != nil {
+		return fmt.Errorf("restore: %w", &os.PathError{Op: "mkdir", Path: r.tmp, Err: err})
+	}
+	d, err := safefs.OpenDirAt(r.parent, r.tmpName)
+	if err != nil {
+		unix.Unlinkat(int(r.parent.Fd()), r.tmpName, unix.AT_REMOVEDIR)
+		return fmt.Errorf("restore: %w", err)
+	}
+	r.tmpDir = d
+	return nil
+}
+
+// place makes the verified tree tmpDir the target: fsync it, rename it
+// to the target's name relative to parent, fsync parent. The target
+// appears whole or not at all; an empty directory already there is
+// replaced.
+func (r *restorer) place() error {
+	if err := fsutil.SyncOpenDir(r.tmpDir); err != nil {
+		return fmt.Errorf("restore: fsync %s: %w", r.tmp, err)
+	}
+	if err := unix.Renameat(int(r.parent.Fd()), r.tmpName, int(r.parent.Fd()), r.base); err != nil {
+		return fmt.Errorf("restore: move the verified store into place at %s: %w", r.target, err)
+	}
+	r.placed = true
+	if err := fsutil.SyncOpenDir(r.parent); err != nil {
+		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(r.target), err)
 	}
 	return nil
+}
+
+// placedPath names the placed target for the code that needs a path
+// (adoption into the local dir): the target's own path when it is the
+// caller's, else, with TargetParent, the open directory's path in /proc,
+// so that no path a peer could swap is walked; "" where /proc does not
+// show it.
+func (r *restorer) placedPath() string {
+	if r.o.TargetParent == nil {
+		return r.target
+	}
+	p, _ := safefs.ProcPath(r.tmpDir)
+	return p
+}
+
+// removeTemp removes the temporary directory and the files in it,
+// relative to parent, unless the store was placed (there is none then).
+func (r *restorer) removeTemp() {
+	if r.placed {
+		return
+	}
+	d, err := safefs.OpenDirAt(r.parent, r.tmpName)
+	if err != nil {
+		return
+	}
+	entries, _ := d.ReadDir(-1)
+	for _, e := range entries {
+		unix.Unlinkat(int(d.Fd()), e.Name(), 0)
+	}
+	d.Close()
+	unix.Unlinkat(int(r.parent.Fd()), r.tmpName, unix.AT_REMOVEDIR)
+}
+
+// close closes the directories the restore opened.
+func (r *restorer) close() {
+	for _, f := range []*os.File{r.tmpDir, r.ldir} {
+		if f != nil {
+			f.Close()
+		}
+	}
+	if r.ownParent {
+		r.parent.Close()
+	}
 }
 
 // wholeAndUnchanged reports whether the local copy l holds exactly m's
@@ -395,64 +524,77 @@ func pick(ctx context.Context, o Options) (uint64, error) {
 	return refs[len(refs)-1].Checkpoint, nil
 }
 
-func isEmptyOrAbsent(dir string) (bool, error) {
-	entries, err := os.ReadDir(dir)
+// isEmptyOrAbsent reports whether target is absent or an empty directory.
+// With parent, target's name is looked up in it, not followed if a
+// symlink; without, target's path is.
+func isEmptyOrAbsent(parent *os.File, target string) (bool, error) {
+	var d *os.File
+	var err error
+	if parent != nil {
+		d, err = safefs.OpenDirAt(parent, filepath.Base(target))
+	} else {
+		d, err = os.Open(target)
+	}
 	if errors.Is(err, fs.ErrNotExist) {
 		return true, nil
 	}
 	if err != nil {
 		return false, fmt.Errorf("restore target: %w", err)
 	}
+	defer d.Close()
+	entries, err := d.ReadDir(1)
+	if err != nil && err != io.EOF {
+		return false, fmt.Errorf("restore target: %w", err)
+	}
 	return len(entries) == 0, nil
-}
-
-func makeTemp(target string) (string, error) {
-	parent := filepath.Dir(target)
-	if err := os.MkdirAll(parent, 0o755); err != nil {
-		return "", fmt.Errorf("restore: %w", err)
-	}
-	b := make([]byte, 6)
-	rand.Read(b)
-	tmp := filepath.Join(parent, "."+filepath.Base(target)+".restore-"+hex.EncodeToString(b))
-	if err := os.Mkdir(tmp, 0o755); err != nil {
-		return "", fmt.Errorf("restore: %w", err)
-	}
-	return tmp, nil
 }
 
 // fromLocal takes a file from the local copy if it is there and matches
 // the manifest: its bytes hash to the manifest's SHA-256, or, with
 // trustUnchanged, it is still the inode its checkpoint completed with.
 // Shared files are hard-linked (copied across devices); private files are
-// copied, since the engine may append to them.
-func fromLocal(local *localrecovery.Local, dst string, f manifests.File, trustUnchanged bool) (bool, error) {
-	src := local.Path(f.Name)
-	fi, err := os.Lstat(src)
+// copied, since the engine may append to them. Everything is relative to
+// ldir, the local copy's directory as opened, and tmp: the file is opened
+// without following a symlink, checked through that open file, and a hard
+// link is kept only if it is that very inode, so nothing from outside the
+// local dir (a name swapped meanwhile) is ever linked into the target.
+func fromLocal(local *localrecovery.Local, ldir, tmp *os.File, f manifests.File, trustUnchanged bool) (bool, error) {
+	in, err := safefs.OpenFileAt(ldir, f.Name)
+	if err != nil {
+		return false, nil
+	}
+	defer in.Close()
+	fi, err := in.Stat()
 	if err != nil || !fi.Mode().IsRegular() || fi.Size() != f.Size {
 		return false, nil
 	}
 	if !trustUnchanged || !local.UnchangedInfo(f.Name, fi) {
-		sum, _, err := fsutil.HashFile(context.Background(), src)
+		sum, _, err := fsutil.HashReader(context.Background(), in)
 		if err != nil || sum != f.SHA256 {
+			return false, nil
+		}
+		if _, err := in.Seek(0, io.SeekStart); err != nil {
 			return false, nil
 		}
 	}
 	if f.Kind == manifests.Shared {
-		err := os.Link(src, dst)
+		err := unix.Linkat(int(ldir.Fd()), f.Name, int(tmp.Fd()), f.Name, 0)
 		if err == nil {
-			return true, nil
+			var st unix.Stat_t
+			want := fi.Sys().(*syscall.Stat_t)
+			if unix.Fstatat(int(tmp.Fd()), f.Name, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Dev == want.Dev && st.Ino == want.Ino {
+				return true, nil
+			}
+			// Not the inode checked: the name changed meanwhile.
+			unix.Unlinkat(int(tmp.Fd()), f.Name, 0)
+			return false, nil
 		}
 		if !errors.Is(err, syscall.EXDEV) {
 			return false, err
 		}
 	}
-	in, err := os.Open(src)
-	if err != nil {
-		return false, nil
-	}
-	defer in.Close()
-	if err := writeVerified(dst, in, f, nil); err != nil {
-		os.Remove(dst)
+	if err := writeVerified(tmp, f.Name, in, f, nil); err != nil {
+		unix.Unlinkat(int(tmp.Fd()), f.Name, 0)
 		return false, nil // changed under us: take it from storage
 	}
 	return true, nil
@@ -460,9 +602,9 @@ func fromLocal(local *localrecovery.Local, dst string, f manifests.File, trustUn
 
 // fromStorage writes a file from its inline bytes or its object, verifying
 // size and hash; a mismatch fails the restore loudly.
-func fromStorage(ctx context.Context, s storage.Store, dst string, f manifests.File, progress func(int64)) error {
+func fromStorage(ctx context.Context, s storage.Store, dir *os.File, f manifests.File, progress func(int64)) error {
 	if f.Inline != nil {
-		if err := writeVerified(dst, &sliceReader{b: f.Inline}, f, progress); err != nil {
+		if err := writeVerified(dir, f.Name, &sliceReader{b: f.Inline}, f, progress); err != nil {
 			return err
 		}
 		return nil
@@ -472,7 +614,7 @@ func fromStorage(ctx context.Context, s storage.Store, dst string, f manifests.F
 		return err
 	}
 	defer rc.Close()
-	return writeVerified(dst, rc, f, progress)
+	return writeVerified(dir, f.Name, rc, f, progress)
 }
 
 type sliceReader struct{ b []byte }
@@ -486,13 +628,15 @@ func (r *sliceReader) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-// writeVerified streams r into a new file dst while hashing, then checks
-// size and SHA-256 and fsyncs.
-func writeVerified(dst string, r io.Reader, f manifests.File, progress func(int64)) error {
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+// writeVerified streams r into a new file name of dir (created, never
+// through a symlink) while hashing, then checks size and SHA-256 and
+// fsyncs.
+func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, progress func(int64)) error {
+	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return err
+		return &os.PathError{Op: "create", Path: name, Err: err}
 	}
+	out := os.NewFile(uintptr(fd), name)
 	defer out.Close()
 	h := sha256.New()
 	w := io.MultiWriter(out, h)

@@ -379,3 +379,46 @@ func TestIdentityModeDoesNotMoveACopyWithStrangers(t *testing.T) {
 	}
 	e.sameAsSnapshot()
 }
+
+// TestARestoreIntoAnOpenParentNeverWalksTheTargetPath: with TargetParent,
+// the restore creates, fills and places the target relative to that open
+// directory. The parent's path is swapped for a symlink to another place
+// before the restore starts: nothing lands there, and the target appears,
+// verified, in the directory that was opened. Files come both from the
+// local copy (hard links relative to its opened dir) and from storage.
+func TestARestoreIntoAnOpenParentNeverWalksTheTargetPath(t *testing.T) {
+	e := setup(t)
+	parentPath := filepath.Dir(e.target)
+	if err := os.MkdirAll(parentPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	parent, err := os.Open(parentPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer parent.Close()
+	moved := filepath.Join(e.base, "opened")
+	if err := os.Rename(parentPath, moved); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := t.TempDir()
+	if err := os.Symlink(elsewhere, parentPath); err != nil {
+		t.Fatal(err)
+	}
+	l, _ := e.local.Latest("t")
+	os.Remove(l.Path("MANIFEST-000001")) // one file from storage
+	res, err := e.run(restore.Options{TargetParent: parent, LocalDir: filepath.Join(e.base, "local")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FilesLocal == 0 || res.FilesRemote == 0 {
+		t.Fatalf("sources: %+v", res)
+	}
+	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
+		t.Fatalf("the restore wrote through the swapped path: %v", entries)
+	}
+	os.Remove(parentPath)
+	os.Rename(moved, parentPath)
+	e.sameAsSnapshot()
+	e.noDebris("db")
+}

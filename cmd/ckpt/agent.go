@@ -155,8 +155,8 @@ func runAgent(ctx context.Context, args []string) error {
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
 	}
-	cfg.Restore = func(ctx context.Context, task string, n uint64, target string) (*restore.Result, error) {
-		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, LocalDir: *localDir})
+	cfg.Restore = func(ctx context.Context, task string, n uint64, target string, parent *os.File) (*restore.Result, error) {
+		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, TargetParent: parent, LocalDir: *localDir})
 		recordRestore(ctx, tel, task, res, err)
 		return res, err
 	}

@@ -1,8 +1,8 @@
 // Package fsutil holds the small file helpers the data paths share:
-// durability (fsync of a file or a directory), streaming SHA-256 of a file,
-// and the pool of 1 MiB buffers that hashing and copying read through. It
-// depends on the standard library only, so that storage backends and the
-// upload and restore paths can all import it.
+// durability (fsync of a file or a directory), streaming SHA-256 of a file
+// or a reader, and the pool of 1 MiB buffers that hashing and copying read
+// through. It depends on the standard library only, so that storage
+// backends and the upload and restore paths can all import it.
 package fsutil
 
 import (
@@ -40,6 +40,15 @@ func HashFile(ctx context.Context, path string) (string, int64, error) {
 		return "", 0, err
 	}
 	defer f.Close()
+	return HashReader(ctx, f)
+}
+
+// HashReader streams r through SHA-256, from where it is to its end, and
+// returns the hex digest and the number of bytes read: HashFile for a file
+// the caller opened itself. ctx is checked between reads, and its error
+// returned as it is. Read errors are wrapped as "hash <name>: ..." (the
+// name of an *os.File).
+func HashReader(ctx context.Context, r io.Reader) (string, int64, error) {
 	h := sha256.New()
 	bp := GetBuf()
 	defer PutBuf(bp)
@@ -48,14 +57,17 @@ func HashFile(ctx context.Context, path string) (string, int64, error) {
 		if err := ctx.Err(); err != nil {
 			return "", n, err
 		}
-		k, err := f.Read(*bp)
+		k, err := r.Read(*bp)
 		h.Write((*bp)[:k])
 		n += int64(k)
 		if err == io.EOF {
 			break
 		}
 		if err != nil {
-			return "", n, fmt.Errorf("hash %s: %w", path, err)
+			if f, ok := r.(interface{ Name() string }); ok {
+				return "", n, fmt.Errorf("hash %s: %w", f.Name(), err)
+			}
+			return "", n, fmt.Errorf("hash: %w", err)
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil)), n, nil
@@ -80,6 +92,12 @@ func SyncDir(dir string) error {
 		return err
 	}
 	defer d.Close()
+	return SyncOpenDir(d)
+}
+
+// SyncOpenDir is SyncDir for a directory the caller has open, for code
+// that works through directory handles rather than paths.
+func SyncOpenDir(d *os.File) error {
 	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
 		return err
 	}

@@ -21,6 +21,9 @@ func TestHashFileStreamsAndCounts(t *testing.T) {
 	if err != nil || got != hex.EncodeToString(sum[:]) || n != int64(len(body)) {
 		t.Fatalf("HashFile: %s %d %v", got, n, err)
 	}
+	if got, n, err := HashReader(context.Background(), strings.NewReader(body)); err != nil || got != hex.EncodeToString(sum[:]) || n != int64(len(body)) {
+		t.Fatalf("HashReader: %s %d %v", got, n, err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, _, err := HashFile(ctx, p); err != context.Canceled {
@@ -39,6 +42,14 @@ func TestSyncFileAndDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := SyncDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := SyncOpenDir(d); err != nil {
 		t.Fatal(err)
 	}
 	if err := SyncDir(filepath.Join(dir, "missing")); err == nil {
