@@ -10,8 +10,8 @@
 //
 // Hard links cost no bytes and no time proportional to the state, but need
 // the local dir on the same filesystem as the app's store; across devices
-// the files are copied, which is slow, and Link reports it so the agent can
-// warn. The sync phase works on the snapshot dir through the handle the
+// the files are copied, which is slow, and the Snapshot says so (Copied) so
+// the agent can warn. The sync phase works on the snapshot dir through the handle the
 // agent opened under its allowed root (TakeDir), never through its path,
 // and Inspect refuses files not owned by the snapshot dir's owner (the
 // rule against hard links to other users' files; see Inspect for what it
@@ -142,22 +142,8 @@ func (s *Store) chkDir(task string, n uint64) string {
 func (s *Store) manifestPath(task string, n uint64) string { return s.chkDir(task, n) + ".manifest" }
 
 // idsPath holds the inode identities of a complete checkpoint's local files
-// as they were when it completed (see Local.Unchanged).
+// as they were when it completed (see Local.UnchangedInfo).
 func (s *Store) idsPath(task string, n uint64) string { return s.chkDir(task, n) + ".ids" }
-
-// Link hard-links a snapshot into the local store and inspects it: Take
-// followed by Inspect, for callers that need both at once.
-func (s *Store) Link(task string, n uint64, src string) (*Snapshot, error) {
-	sn, err := s.Take(task, n, src, false)
-	if err != nil {
-		return nil, err
-	}
-	if err := sn.Inspect(); err != nil {
-		s.Discard(task, n)
-		return nil, err
-	}
-	return sn, nil
-}
 
 // Take is TakeDir for a snapshot dir named by a path the caller trusts
 // (its own): only its last component must not be a symlink.
@@ -452,7 +438,7 @@ func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, 
 		known[f.Name] = f.ID()
 	}
 	// The identities the files had when their hashes went into the manifest:
-	// what Local.Unchanged compares against.
+	// what Local.UnchangedInfo compares against.
 	ids := make(map[string]Identity, len(m.Files))
 	for _, f := range m.Files {
 		if id, ok := known[f.Name]; ok && id.Size == f.Size {
@@ -605,19 +591,13 @@ type Local struct {
 	ids        map[string]Identity
 }
 
-// Unchanged reports whether the local file name is the very inode the
-// checkpoint completed with, unwritten since: same device, inode, size and
-// mtime as recorded then. Such a file holds the bytes whose SHA-256 the
-// manifest names, unless the disk itself corrupted them (which mtime does
-// not show): a restore that trusts Unchanged instead of hashing trades that
-// check for speed, and must say so.
-func (l *Local) Unchanged(name string) bool {
-	fi, err := os.Lstat(l.Path(name))
-	return err == nil && l.UnchangedInfo(name, fi)
-}
-
-// UnchangedInfo is Unchanged for the fi an os.Lstat of the file returned,
-// which spares a second stat(2) of every file.
+// UnchangedInfo reports whether the local file name, as fi (an os.Lstat or
+// Fstat of it) describes it, is the very inode the checkpoint completed
+// with, unwritten since: same device, inode, size and mtime as recorded
+// then. Such a file holds the bytes whose SHA-256 the manifest names,
+// unless the disk itself corrupted them (which mtime does not show): a
+// restore that trusts it instead of hashing trades that check for speed,
+// and must say so.
 func (l *Local) UnchangedInfo(name string, fi fs.FileInfo) bool {
 	want, ok := l.ids[name]
 	if !ok || !fi.Mode().IsRegular() {
@@ -650,9 +630,6 @@ func (s *Store) Latest(task string) (*Local, error) {
 	}
 	return nil, nil
 }
-
-// Get returns checkpoint n of task if it is kept locally and complete.
-func (s *Store) Get(task string, n uint64) *Local { return s.load(task, n) }
 
 // GetFor returns the complete local copy of checkpoint m.Checkpoint of task
 // if the manifest recorded with it is, byte for byte, encoded (the one

@@ -38,7 +38,7 @@ func TestLinkHardLinksEveryFile(t *testing.T) {
 	}
 	snap := filepath.Join(base, "snap")
 	write(t, snap, map[string]string{"000001.sst": "sst", "CURRENT": "cur"})
-	sn, err := s.Link("t", 1, snap)
+	sn, err := link(t, s, "t", 1, snap)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestLinkRefusesNonRegularFilesAndLeavesNothing(t *testing.T) {
 			snap := filepath.Join(base, "snap")
 			write(t, snap, map[string]string{"000001.sst": "sst"})
 			add(snap)
-			_, err := s.Link("t", 1, snap)
+			_, err := link(t, s, "t", 1, snap)
 			if _, ok := err.(*BadFileError); !ok {
 				t.Fatalf("got %v, want a BadFileError", err)
 			}
@@ -96,7 +96,7 @@ func TestLinkCopiesAcrossDevices(t *testing.T) {
 	if st1.Dev == st2.Dev {
 		t.Skip("/dev/shm is on the same device here")
 	}
-	sn, err := s.Link("t", 1, snap)
+	sn, err := link(t, s, "t", 1, snap)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +134,7 @@ func TestCompleteKeepsOnlyTheNewestAndInFlight(t *testing.T) {
 	snap := filepath.Join(base, "snap")
 	write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
 	for n := uint64(1); n <= 3; n++ {
-		if _, err := s.Link("t", n, snap); err != nil {
+		if _, err := link(t, s, "t", n, snap); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -179,7 +179,7 @@ func TestAdoptLinksSharedAndCopiesPrivateFiles(t *testing.T) {
 	if n, err := s.Adopt("t", m, enc, restored); err != nil || n != 2 {
 		t.Fatalf("adopt: %d %v", n, err)
 	}
-	l := s.Get("t", 4)
+	l := s.load("t", 4)
 	if l == nil {
 		t.Fatal("adopted checkpoint not complete")
 	}
@@ -246,7 +246,7 @@ func TestDiscardRemovesInTheBackgroundAndOpenSweepsLeftovers(t *testing.T) {
 	snap := filepath.Join(base, "snap")
 	write(t, snap, map[string]string{"000001.sst": "one", "000002.sst": "two", "CURRENT": "c"})
 	for n := uint64(1); n <= 2; n++ {
-		if _, err := s.Link("t", n, snap); err != nil {
+		if _, err := link(t, s, "t", n, snap); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -291,14 +291,14 @@ func TestGetForWantsTheSameManifestBytes(t *testing.T) {
 	s, _ := Open(filepath.Join(base, "local"), "job")
 	snap := filepath.Join(base, "snap")
 	write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
-	if _, err := s.Link("t", 5, snap); err != nil {
+	if _, err := link(t, s, "t", 5, snap); err != nil {
 		t.Fatal(err)
 	}
 	m, enc := manifestFor(t, "t", 5, snap, "000001.sst", "CURRENT")
 	if _, err := s.Complete("t", 5, m, enc); err != nil {
 		t.Fatal(err)
 	}
-	if l := s.GetFor("t", m, enc); l == nil || !l.Unchanged("000001.sst") {
+	if l := s.GetFor("t", m, enc); l == nil || !unchanged(l, "000001.sst") {
 		t.Fatalf("the recorded manifest's copy: %+v", l)
 	}
 	write(t, filepath.Join(base, "other"), map[string]string{"000001.sst": "uno", "CURRENT": "c"})
@@ -306,4 +306,25 @@ func TestGetForWantsTheSameManifestBytes(t *testing.T) {
 	if l := s.GetFor("t", other, otherEnc); l != nil {
 		t.Fatal("a copy was offered for a different checkpoint 5")
 	}
+}
+
+// link takes src into s as checkpoint n of task and inspects it: the sync
+// phase and the first step of the async phase, as the agent runs them.
+func link(t testing.TB, s *Store, task string, n uint64, src string) (*Snapshot, error) {
+	t.Helper()
+	sn, err := s.Take(task, n, src, false)
+	if err != nil {
+		return nil, err
+	}
+	if err := sn.Inspect(); err != nil {
+		s.Discard(task, n)
+		return nil, err
+	}
+	return sn, nil
+}
+
+// unchanged is Local.UnchangedInfo for the file as it is now.
+func unchanged(l *Local, name string) bool {
+	fi, err := os.Lstat(l.Path(name))
+	return err == nil && l.UnchangedInfo(name, fi)
 }

@@ -47,7 +47,10 @@ func setup(t *testing.T) *env {
 		os.WriteFile(filepath.Join(e.snap, name), b, 0o644)
 	}
 	ctx := context.Background()
-	sn, err := e.local.Link("t", 3, e.snap)
+	sn, err := e.local.Take("t", 3, e.snap, false)
+	if err == nil {
+		err = sn.Inspect()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,7 +188,7 @@ func ino(p string) uint64 {
 
 func TestLocalRestoreHardLinksAndFallsBackPerFile(t *testing.T) {
 	e := setup(t)
-	l := e.local.Get("t", 3)
+	l := localCopy(t, e)
 	// Break the local copy: one SST corrupt (a fresh file, so the snapshot
 	// keeps its bytes), one private file missing.
 	os.Remove(l.Path("000002.sst"))
@@ -204,7 +207,7 @@ func TestLocalRestoreHardLinksAndFallsBackPerFile(t *testing.T) {
 	}
 	// Restore inherits: the local dir now records checkpoint 3 as the
 	// restored files, inode for inode.
-	l = e.local.Get("t", 3)
+	l = localCopy(t, e)
 	if l == nil || ino(l.Path("000002.sst")) != ino(filepath.Join(e.target, "000002.sst")) {
 		t.Fatal("the restore was not recorded in the local dir")
 	}
@@ -248,7 +251,7 @@ func TestAMaliciousManifestIsRefusedBeforeAnythingIsWritten(t *testing.T) {
 
 func TestIdentityModeTrustsUnchangedInodesAndHashesTheRest(t *testing.T) {
 	e := setup(t)
-	l := e.local.Get("t", 3)
+	l := localCopy(t, e)
 	orig1, _ := os.ReadFile(filepath.Join(e.snap, "000001.sst"))
 	orig2, _ := os.ReadFile(filepath.Join(e.snap, "000002.sst"))
 	// An in-place corruption that keeps size and mtime (bit rot, say) is
@@ -311,7 +314,7 @@ func inode(t *testing.T, p string) uint64 {
 func TestIdentityModeMovesAWholeUnchangedLocalCopy(t *testing.T) {
 	e := setup(t)
 	localDir := filepath.Join(e.base, "local")
-	sst := inode(t, e.local.Get("t", 3).Path("000001.sst"))
+	sst := inode(t, localCopy(t, e).Path("000001.sst"))
 	origManifest, _ := os.ReadFile(filepath.Join(e.snap, "MANIFEST-000001"))
 
 	res, err := e.run(restore.Options{LocalDir: localDir, TrustUnchangedLocal: true})
@@ -328,7 +331,7 @@ func TestIdentityModeMovesAWholeUnchangedLocalCopy(t *testing.T) {
 		t.Fatalf("the SST was not moved: inode %d, local copy had %d", got, sst)
 	}
 
-	l := e.local.Get("t", 3)
+	l := localCopy(t, e)
 	if l == nil {
 		t.Fatal("no complete local copy after the move")
 	}
@@ -339,7 +342,7 @@ func TestIdentityModeMovesAWholeUnchangedLocalCopy(t *testing.T) {
 		t.Fatal("the local copy shares a private file with the target the app writes to")
 	}
 	for _, name := range []string{"000001.sst", "000002.sst", "MANIFEST-000001", "CURRENT"} {
-		if !l.Unchanged(name) {
+		if !unchanged(l, name) {
 			t.Fatalf("%s of the re-created local copy is not recorded as unchanged", name)
 		}
 	}
@@ -367,7 +370,7 @@ func TestIdentityModeMovesAWholeUnchangedLocalCopy(t *testing.T) {
 // the stranger stays out of the target.
 func TestIdentityModeDoesNotMoveACopyWithStrangers(t *testing.T) {
 	e := setup(t)
-	l := e.local.Get("t", 3)
+	l := localCopy(t, e)
 	os.WriteFile(filepath.Join(l.Dir, "stranger"), []byte("x"), 0o644)
 	res, err := e.run(restore.Options{LocalDir: filepath.Join(e.base, "local"), TrustUnchangedLocal: true})
 	if err != nil {
@@ -421,4 +424,21 @@ func TestARestoreIntoAnOpenParentNeverWalksTheTargetPath(t *testing.T) {
 	os.Rename(moved, parentPath)
 	e.sameAsSnapshot()
 	e.noDebris("db")
+}
+
+// localCopy returns the complete local copy of checkpoint 3, the one every
+// test here makes.
+func localCopy(t *testing.T, e *env) *localrecovery.Local {
+	t.Helper()
+	l, err := e.local.Latest("t")
+	if err != nil || l == nil || l.Checkpoint != 3 {
+		t.Fatalf("local copy of checkpoint 3: %v, %v", l, err)
+	}
+	return l
+}
+
+// unchanged is Local.UnchangedInfo for the file as it is now.
+func unchanged(l *localrecovery.Local, name string) bool {
+	fi, err := os.Lstat(l.Path(name))
+	return err == nil && l.UnchangedInfo(name, fi)
 }

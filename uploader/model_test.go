@@ -104,7 +104,10 @@ func (m *model) checkpoint(task string, ids []int, budget int64) {
 	}
 	defer os.RemoveAll(dir)
 
-	sn, err := m.local.Link(task, n, dir)
+	sn, err := m.local.Take(task, n, dir, false)
+	if err == nil {
+		err = sn.Inspect()
+	}
 	if err != nil {
 		m.t.Fatal(err)
 	}

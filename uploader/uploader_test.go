@@ -42,7 +42,10 @@ func snapshot(t *testing.T, files map[string]string) (*localrecovery.Snapshot, *
 		os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644)
 	}
 	local, _ := localrecovery.Open(filepath.Join(base, "local"), "job")
-	sn, err := local.Link("t", 1, dir)
+	sn, err := local.Take("t", 1, dir, false)
+	if err == nil {
+		err = sn.Inspect()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
