@@ -560,12 +560,7 @@ func restored(res *restore.Result) *protocol.Restored {
 	if res == nil {
 		return nil
 	}
-	return &protocol.Restored{
-		Restored: res.Restored, Reason: res.Reason, Task: res.Task, Checkpoint: res.Checkpoint,
-		Files: res.Files, Bytes: res.Bytes, BytesLocal: res.BytesLocal, BytesRemote: res.BytesRemote,
-		FilesLocal: res.FilesLocal, FilesRemote: res.FilesRemote, LocalFallbacks: res.LocalFallbacks,
-		LocalVerification: res.LocalVerification, Moved: res.Moved, DurationMS: res.DurationMS, Target: res.Target,
-	}
+	return res.Outcome()
 }
 
 // errorf returns a *protocol.Error with the given code and message.

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/protocol"
 	"go.opentelemetry.io/otel"
 	"io"
 	"io/fs"
@@ -76,34 +77,20 @@ type Options struct {
 	Progress func(done, total int64)
 }
 
-// Result is what a restore did; its JSON is `ckpt restore --json`.
+// Result is what a restore did; its JSON is `ckpt restore --json`, the
+// same fields as the socket's restored event (protocol.Restored).
 type Result struct {
-	Restored    bool   `json:"restored"`
-	Reason      string `json:"reason,omitempty"`
-	Task        string `json:"task,omitempty"`
-	Checkpoint  uint64 `json:"checkpoint,omitempty"`
-	Files       int    `json:"files"`
-	Bytes       int64  `json:"bytes"`
-	BytesLocal  int64  `json:"bytes_local"`
-	BytesRemote int64  `json:"bytes_remote"`
-	FilesLocal  int    `json:"files_local"`
-	FilesRemote int    `json:"files_remote"`
-	// LocalFallbacks counts local files that were missing or corrupt and
-	// came from storage instead.
-	LocalFallbacks int `json:"local_fallbacks"`
-	// LocalVerification says how local files were checked: "sha256" (every
-	// byte hashed) or "identity" (TrustUnchangedLocal: unchanged inodes
-	// trusted, the others hashed).
-	LocalVerification string `json:"local_verification,omitempty"`
-	// Moved is set when the local copy, whole and unchanged, was moved into
-	// place in one rename (identity mode); the local dir then re-creates
-	// its copy from the target in the background (Wait).
-	Moved      bool   `json:"moved,omitempty"`
-	DurationMS int64  `json:"duration_ms"`
-	Target     string `json:"target,omitempty"`
+	outcome // its fields are Result's, and its JSON
 
 	wait func()
 }
+
+// outcome names protocol.Restored as Result's embedded field, so that
+// Result.Restored is the boolean, not the struct.
+type outcome = protocol.Restored
+
+// Outcome is the result as the socket's restored event carries it.
+func (r *Result) Outcome() *protocol.Restored { return &r.outcome }
 
 // Wait waits for the work a restore leaves running after it returned: the
 // local copy being re-created after a move. Call it before the process
@@ -140,7 +127,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r := &restorer{o: o, target: target}
 	if err := r.choose(ctx); err != nil {
 		if errors.Is(err, ErrNoCheckpoint) && o.IfCheckpointExists {
-			return &Result{Restored: false, Reason: err.Error()}, nil
+			return &Result{outcome: outcome{Restored: false, Reason: err.Error()}}, nil
 		}
 		return nil, err
 	}
@@ -158,7 +145,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.makeTemp(); err != nil {
 		return nil, err
 	}
-	res := &Result{Restored: true, Task: o.Task, Checkpoint: r.n, Files: len(r.m.Files), Bytes: r.m.FullSize, Target: target}
+	res := &Result{outcome: outcome{Restored: true, Task: o.Task, Checkpoint: r.n, Files: len(r.m.Files), Bytes: r.m.FullSize, Target: target}}
 	if r.lend() {
 		err = r.move(res)
 	} else {
@@ -202,7 +189,7 @@ func checkTarget(parent *os.File, target string, ifNotExists bool) (*Result, err
 		return nil, nil
 	}
 	if ifNotExists {
-		return &Result{Restored: false, Reason: "target already holds a store: " + target}, nil
+		return &Result{outcome: outcome{Restored: false, Reason: "target already holds a store: " + target}}, nil
 	}
 	return nil, fmt.Errorf("%w: %s holds files (use --if-not-exists to keep an existing store)", ErrTargetNotEmpty, target)
 }
