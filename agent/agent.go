@@ -98,14 +98,15 @@ type Config struct {
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
 	Drill         func(ctx context.Context, task string) (*restore.DrillResult, error)
-	// Restore serves the restore op: it restores checkpoint (0: the newest
-	// complete one) of task into target, a directory the agent has
-	// confined to its allowed roots, and returns what it did, which the
-	// restored event carries. An error wrapping a *protocol.Error fails the
-	// op with its code; restore.ErrNoCheckpoint gives not_found,
-	// restore.ErrTargetNotEmpty conflict, anything else internal. nil makes
-	// the op answer unavailable.
-	Restore func(ctx context.Context, task string, checkpoint uint64, target string) (*restore.Result, error)
+	// Restore serves the restore op: it restores the checkpoint the
+	// request picks (Checkpoint, 0: the newest complete one; JobConsistent:
+	// the newest job-complete one) of Task into Target, a directory the
+	// agent has confined to its allowed roots, and returns what it did,
+	// which the restored event carries. An error wrapping a
+	// *protocol.Error fails the op with its code; restore.ErrNoCheckpoint
+	// gives not_found, restore.ErrTargetNotEmpty conflict, anything else
+	// internal. nil makes the op answer unavailable.
+	Restore func(ctx context.Context, r RestoreRequest) (*restore.Result, error)
 
 	// wrapListener, when set (by tests), wraps the socket's listener.
 	wrapListener func(net.Listener) net.Listener
@@ -194,6 +195,15 @@ func (c *Config) defaults() error {
 		c.AllowRoots[i] = resolved
 	}
 	return nil
+}
+
+// RestoreRequest is a restore op as Config.Restore receives it, its target
+// confined and resolved.
+type RestoreRequest struct {
+	Task          string
+	Checkpoint    uint64
+	JobConsistent bool
+	Target        string
 }
 
 // Agent serves checkpoint requests for the tasks of one job.
@@ -547,7 +557,7 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 	a.jobs.Add(1)
 	go func() {
 		defer a.jobs.Done()
-		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, target)
+		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent, Target: target})
 		if err != nil {
 			code := protocol.CodeInternal
 			var pe *protocol.Error
