@@ -259,6 +259,26 @@ func (r *JobReader) NewestComplete(ctx context.Context, task string) (uint64, er
 	return 0, nil
 }
 
+// NewestJobCheckpoint returns the status of the newest job-complete
+// checkpoint of the whole job (ok false when there is none).
+func (r *JobReader) NewestJobCheckpoint(ctx context.Context) (st JobStatus, ok bool, err error) {
+	ns := make([]uint64, 0, len(r.byN))
+	for n := range r.byN {
+		ns = append(ns, n)
+	}
+	sort.Slice(ns, func(i, j int) bool { return ns[i] > ns[j] })
+	for _, n := range ns {
+		st, err := r.Status(ctx, n)
+		if err != nil {
+			return JobStatus{}, false, err
+		}
+		if st.Complete {
+			return st, true, nil
+		}
+	}
+	return JobStatus{}, false, nil
+}
+
 // NewestJobComplete scans the whole job and returns the newest job-complete
 // checkpoint that includes task (0 when there is none).
 func NewestJobComplete(ctx context.Context, s storage.Store, job, task string) (uint64, error) {
