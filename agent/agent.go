@@ -103,17 +103,15 @@ type Config struct {
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
 	Drill         func(ctx context.Context, task string) (*restore.DrillResult, error)
-	// Restore serves the restore op: it restores checkpoint (0: the newest
-	// complete one) of task into target, a directory the agent has
-	// confined to its allowed roots, and returns what it did, which the
-	// restored event carries. An error wrapping a *protocol.Error fails the
-	// op with its code; restore.ErrNoCheckpoint gives not_found,
-	// restore.ErrTargetNotEmpty conflict, anything else internal. nil makes
-	// the op answer unavailable. parent is target's parent directory, opened
-	// under an allowed root (filepath.Dir(target) is only its name): the
-	// restore must create and place target relative to it
-	// (restore.Options.TargetParent), never walk target's path again.
-	Restore func(ctx context.Context, task string, checkpoint uint64, target string, parent *os.File) (*restore.Result, error)
+	// Restore serves the restore op: it restores the checkpoint the
+	// request picks (Checkpoint, 0: the newest complete one; JobConsistent:
+	// the newest job-complete one) of Task into Target, a directory the
+	// agent has confined to its allowed roots, and returns what it did,
+	// which the restored event carries. An error wrapping a
+	// *protocol.Error fails the op with its code; restore.ErrNoCheckpoint
+	// gives not_found, restore.ErrTargetNotEmpty conflict, anything else
+	// internal. nil makes the op answer unavailable.
+	Restore func(ctx context.Context, r RestoreRequest) (*restore.Result, error)
 
 	// wrapListener, when set (by tests), wraps the socket's listener.
 	wrapListener func(net.Listener) net.Listener
@@ -202,6 +200,20 @@ func (c *Config) defaults() error {
 		c.AllowRoots[i] = resolved
 	}
 	return nil
+}
+
+// RestoreRequest is a restore op as Config.Restore receives it, its target
+// confined and resolved.
+type RestoreRequest struct {
+	Task          string
+	Checkpoint    uint64
+	JobConsistent bool
+	Target        string
+	// Parent is Target's parent directory, opened under an allowed root
+	// (filepath.Dir(Target) is only its name): the restore must create and
+	// place Target relative to it (restore.Options.TargetParent), never
+	// walk Target's path again.
+	Parent *os.File
 }
 
 // Agent serves checkpoint requests for the tasks of one job.
@@ -600,7 +612,8 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 	go func() {
 		defer a.jobs.Done()
 		defer parent.Close()
-		res, err := a.cfg.Restore(ctx, req.Task, req.Checkpoint, target, parent.File())
+		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent,
+			Target: target, Parent: parent.File()})
 		if err != nil {
 			code := protocol.CodeInternal
 			var pe *protocol.Error

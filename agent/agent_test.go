@@ -595,8 +595,9 @@ func TestAHandedOffSnapshotIsMovedNotLinked(t *testing.T) {
 func TestTheRestoreOpRestoresInsideTheRootsOnly(t *testing.T) {
 	var h *harness
 	h = start(t, nil, func(c *Config) {
-		c.Restore = func(ctx context.Context, task string, n uint64, target string, parent *os.File) (*restore.Result, error) {
-			return restore.Run(ctx, restore.Options{Store: h.store, Job: "job", Task: task, Checkpoint: n, Target: target, TargetParent: parent, LocalDir: h.local})
+		c.Restore = func(ctx context.Context, r RestoreRequest) (*restore.Result, error) {
+			return restore.Run(ctx, restore.Options{Store: h.store, Job: "job", Task: r.Task, Checkpoint: r.Checkpoint,
+				JobConsistent: r.JobConsistent, Target: r.Target, TargetParent: r.Parent, LocalDir: h.local})
 		}
 	})
 	c := h.dial()

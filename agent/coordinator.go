@@ -42,6 +42,9 @@ type task struct {
 	hashes map[localrecovery.Identity]string
 	// problems names the task's unreadable manifests found by load.
 	problems []string
+	// retainMu serialises retention after commits (held without Agent.mu,
+	// across the reads that find the newest job-complete checkpoint).
+	retainMu sync.Mutex
 
 	inflight map[uint64]*checkpoint // syncing, queued or running
 	pending  []*checkpoint          // synced, waiting for an async slot
@@ -98,6 +101,12 @@ func failed(req protocol.Request, e *protocol.Error) protocol.Event {
 // through that handle (localrecovery.Store.TakeDir).
 func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	start := time.Now()
+	if req.Tasks != nil {
+		if err := manifests.CheckTasks(req.Task, req.Tasks); err != nil {
+			c.send(failed(req, errorf(protocol.CodeBadRequest, "%v", err)))
+			return
+		}
+	}
 	eng, err := a.cfg.Engines.Lookup(req.Engine)
 	if err != nil {
 		c.send(failed(req, errorf(protocol.CodeBadRequest, "%v", err)))
@@ -388,7 +397,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	engine := ck.engine.Name()
 	m := &manifests.Manifest{
 		Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Parent: parent,
-		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Files: res.Files,
+		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Tasks: manifests.SortedTasks(req.Tasks), Files: res.Files,
 		FilesUploaded: res.FilesUploaded, FilesReused: res.FilesReused,
 	}
 	for _, f := range res.Files {
@@ -457,17 +466,12 @@ func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *
 	} else {
 		hashes = l.Hashes()
 	}
+	t.retainMu.Lock()
+	defer t.retainMu.Unlock()
 	a.mu.Lock()
 	t.retained = append(t.retained, m)
 	sort.Slice(t.retained, func(i, j int) bool { return t.retained[i].Checkpoint < t.retained[j].Checkpoint })
-	refs := make([]manifests.Ref, len(t.retained))
-	for i, r := range t.retained {
-		refs[i] = manifests.RefOf(r)
-	}
-	_, retire := manifests.Retention(refs, a.cfg.Retain)
-	t.retained = slices.DeleteFunc(t.retained, func(r *manifests.Manifest) bool {
-		return slices.ContainsFunc(retire, func(old manifests.Ref) bool { return old.Checkpoint == r.Checkpoint })
-	})
+	own := slices.Clone(t.retained)
 	if m.Checkpoint > t.lastCompleted {
 		t.lastCompleted, t.lastSize, t.lastFull = m.Checkpoint, m.CheckpointSize, m.FullSize
 		if hashes != nil {
@@ -475,12 +479,89 @@ func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *
 		}
 	}
 	a.mu.Unlock()
+	// The newest job-complete checkpoint of the task is never retired; it
+	// takes the other tasks' manifests to know it (I/O, without the lock).
+	protect, ok := a.jobProtect(ctx, t, own)
+	a.mu.Lock()
+	refs := make([]manifests.Ref, len(t.retained))
+	for i, r := range t.retained {
+		refs[i] = manifests.RefOf(r)
+	}
+	var retire []manifests.Ref
+	if ok {
+		_, retire = manifests.Retention(refs, a.cfg.Retain, protect)
+	}
+	t.retained = slices.DeleteFunc(t.retained, func(r *manifests.Manifest) bool {
+		return slices.ContainsFunc(retire, func(old manifests.Ref) bool { return old.Checkpoint == r.Checkpoint })
+	})
+	a.mu.Unlock()
 	// A task retires older manifests only after a newer one is complete.
 	for _, old := range retire {
 		if err := manifests.Retire(ctx, a.cfg.Store, a.cfg.Job, t.name, old.Checkpoint); err != nil {
 			a.log.Warn("retire", "task", t.name, "checkpoint", old.Checkpoint, "err", err)
 		}
 	}
+}
+
+// jobProtect returns the newest job-complete checkpoint of t among own (its
+// retained manifests, oldest first) when it matters to retention, else 0.
+// ok is false when it could not be known (storage unreachable): then the
+// caller retires nothing this time.
+//
+// The work is bounded: nothing is read unless a manifest that retention
+// would retire lists tasks; then one listing of the job's tasks prefix
+// shows which of t's checkpoints have a manifest for every listed task,
+// and manifests of other tasks are read only when such a checkpoint would
+// be retired (the newest first, each read at most once).
+func (a *Agent) jobProtect(ctx context.Context, t *task, own []*manifests.Manifest) (protect uint64, ok bool) {
+	refs := make([]manifests.Ref, len(own))
+	for i, m := range own {
+		refs[i] = manifests.RefOf(m)
+	}
+	kept, retire := manifests.Retention(refs, a.cfg.Retain)
+	byN := map[uint64]*manifests.Manifest{}
+	for _, m := range own {
+		byN[m.Checkpoint] = m
+	}
+	if !slices.ContainsFunc(retire, func(r manifests.Ref) bool { return byN[r.Checkpoint].Tasks != nil }) {
+		return 0, true
+	}
+	cat, err := manifests.Scan(ctx, a.cfg.Store, a.cfg.Job, "")
+	if err != nil {
+		a.log.Warn("retention postponed: cannot list the job's checkpoints to find its newest job-complete one", "task", t.name, "err", err)
+		return 0, false
+	}
+	jobs := manifests.NewJobReader(a.cfg.Store, cat)
+	var candidates []uint64 // newest first: every listed task has a manifest
+	wouldRetire := false
+	for i := len(own) - 1; i >= 0; i-- {
+		m := own[i]
+		if m.Tasks == nil || !jobs.Has(t.name, m.Checkpoint) {
+			continue
+		}
+		if slices.ContainsFunc(m.Tasks, func(task string) bool { return !jobs.Has(task, m.Checkpoint) }) {
+			continue
+		}
+		candidates = append(candidates, m.Checkpoint)
+		jobs.Add(m)
+		if !slices.ContainsFunc(kept, func(r manifests.Ref) bool { return r.Checkpoint == m.Checkpoint }) {
+			wouldRetire = true
+		}
+	}
+	if !wouldRetire {
+		return 0, true // whichever is the newest job-complete one, it is kept
+	}
+	for _, n := range candidates {
+		st, err := jobs.Status(ctx, n)
+		if err != nil {
+			a.log.Warn("retention postponed: cannot read the job's manifests to find its newest job-complete checkpoint", "task", t.name, "err", err)
+			return 0, false
+		}
+		if st.Complete && st.Includes(t.name) {
+			return n, true
+		}
+	}
+	return 0, true
 }
 
 // maybeSweep starts a job-wide GC unless one runs or ran recently.

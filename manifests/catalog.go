@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sort"
 	"time"
 
@@ -201,11 +202,25 @@ func Retire(ctx context.Context, s storage.Store, job, task string, n uint64) er
 // oldest first; keep is how many to retain. It returns the refs that stay
 // retained and those to retire, each oldest first, without changing refs.
 // keep < 1 is treated as 1: a task never retires its newest complete
-// checkpoint. Retention is pure: the callers write the retirements.
-func Retention(refs []Ref, keep int) (retained, retire []Ref) {
+// checkpoint. protect names checkpoint numbers that stay retained whatever
+// keep says, beyond the newest keep: the callers pass the task's newest
+// job-complete checkpoint (JobReader.NewestComplete), so that a job-wide
+// restore always has one. Retention is pure: the callers write the
+// retirements.
+func Retention(refs []Ref, keep int, protect ...uint64) (retained, retire []Ref) {
 	keep = max(keep, 1)
 	cut := max(len(refs)-keep, 0)
-	return refs[cut:len(refs):len(refs)], refs[:cut:cut]
+	if len(protect) == 0 {
+		return refs[cut:len(refs):len(refs)], refs[:cut:cut]
+	}
+	for i, r := range refs {
+		if i >= cut || slices.Contains(protect, r.Checkpoint) {
+			retained = append(retained, r)
+		} else {
+			retire = append(retire, r)
+		}
+	}
+	return retained, retire
 }
 
 // RefOf is the Ref of a committed manifest, as Retention sees it.

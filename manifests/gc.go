@@ -74,8 +74,19 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		for _, r := range cat.Refs {
 			tasks[r.Task] = true
 		}
+		// Every task keeps its newest job-complete checkpoint (and so GC
+		// keeps its objects), whatever Retain says.
+		jobs := NewJobReader(s, cat)
 		for task := range tasks {
-			_, retire := Retention(cat.Retained(task), opts.Retain)
+			refs := cat.Retained(task)
+			_, retire := Retention(refs, opts.Retain)
+			if len(retire) > 0 {
+				protect, err := jobs.NewestComplete(ctx, task)
+				if err != nil {
+					return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
+				}
+				_, retire = Retention(refs, opts.Retain, protect)
+			}
 			for _, old := range retire {
 				if !opts.DryRun {
 					if err := Retire(ctx, s, job, task, old.Checkpoint); err != nil {

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -67,7 +68,11 @@ type Manifest struct {
 	Created    time.Time `json:"created"`
 	Engine     string    `json:"engine,omitempty"`
 	AgentID    string    `json:"agent_id,omitempty"`
-	Files      []File    `json:"files"`
+	// Tasks, when set, makes this a job-wide checkpoint: every task of the
+	// job at this checkpoint, sorted, this task included (see JobStatus).
+	// Manifests without it are valid and are not job-wide checkpoints.
+	Tasks []string `json:"tasks,omitempty"`
+	Files []File   `json:"files"`
 
 	// FullSize is the bytes of every file the checkpoint references: what a
 	// restore fetches (Flink's lastCheckpointFullSize).
@@ -190,6 +195,14 @@ func (m *Manifest) Validate() error {
 	}
 	if m.Checkpoint == 0 {
 		return errors.New("manifest: checkpoint number 0")
+	}
+	if m.Tasks != nil {
+		if err := CheckTasks(m.Task, m.Tasks); err != nil {
+			return fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+		}
+		if !slices.IsSorted(m.Tasks) {
+			return fmt.Errorf("manifest of %s checkpoint %d: tasks list is not sorted", m.Task, m.Checkpoint)
+		}
 	}
 	seen := make(map[string]bool, len(m.Files))
 	var full int64

@@ -91,6 +91,38 @@ type Request struct {
 	Target string `json:"target,omitempty"`
 	// Traceparent is the app's W3C trace context, when it sends one.
 	Traceparent string `json:"traceparent,omitempty"`
+	// Tasks (checkpoint), when given, makes the checkpoint job-wide: every
+	// task of the job at this checkpoint, the requesting one included, at
+	// most MaxTasks, each once. Checkpoint N of the job is complete when
+	// every listed task has a complete checkpoint N listing the same tasks.
+	Tasks []string `json:"tasks,omitempty"`
+	// JobConsistent (restore) restores the newest job-complete checkpoint
+	// of the task instead of its newest complete one.
+	JobConsistent bool `json:"job_consistent,omitempty"`
+}
+
+// MaxTasks bounds a checkpoint request's tasks list.
+const MaxTasks = 10000
+
+// checkTasks checks a checkpoint request's tasks list.
+func checkTasks(task string, tasks []string) error {
+	if len(tasks) > MaxTasks {
+		return fmt.Errorf("tasks lists %d tasks, more than the %d allowed", len(tasks), MaxTasks)
+	}
+	seen := make(map[string]bool, len(tasks))
+	for _, t := range tasks {
+		if err := validName("task", t); err != nil {
+			return fmt.Errorf("tasks: %w", err)
+		}
+		if seen[t] {
+			return fmt.Errorf("tasks lists task %q twice", t)
+		}
+		seen[t] = true
+	}
+	if !seen[task] {
+		return fmt.Errorf("tasks does not list the requesting task %q: it lists every task of the job at this checkpoint", task)
+	}
+	return nil
 }
 
 // nameRE is the pattern of task names (the same as manifests.ValidName's;
@@ -172,6 +204,11 @@ func DecodeRequest(line []byte) (Request, *Error) {
 		if len(r.Engine) > 64 {
 			return r, Errorf(CodeBadRequest, "engine name too long")
 		}
+		if r.Tasks != nil {
+			if err := checkTasks(r.Task, r.Tasks); err != nil {
+				return r, Errorf(CodeBadRequest, "%v", err)
+			}
+		}
 	case "abort":
 		if err := needTask(); err != nil {
 			return r, err
@@ -183,6 +220,9 @@ func DecodeRequest(line []byte) (Request, *Error) {
 		}
 		if !filepath.IsAbs(r.Target) {
 			return r, Errorf(CodeBadRequest, "target must be an absolute path, got %q", r.Target)
+		}
+		if r.JobConsistent && r.Checkpoint != 0 {
+			return r, Errorf(CodeBadRequest, "job_consistent picks the checkpoint: do not give checkpoint too")
 		}
 	case "":
 		return r, Errorf(CodeBadRequest, `missing "op" (one of hello, checkpoint, abort, status, restore)`)

@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -106,5 +107,36 @@ func TestOnlyTheStandardLibrary(t *testing.T) {
 		if dep != "github.com/ckpt-io/ckpt/protocol" {
 			t.Errorf("package protocol depends on %s", dep)
 		}
+	}
+}
+
+func TestDecodeRequestChecksTheTasksList(t *testing.T) {
+	many := make([]string, MaxTasks+1)
+	for i := range many {
+		many[i] = `"t` + strconv.Itoa(i) + `"`
+	}
+	ok := `{"op":"checkpoint","task":"t1","checkpoint":1,"dir":"/d","tasks":["t2","t1"]}`
+	if r, err := DecodeRequest([]byte(ok)); err != nil || len(r.Tasks) != 2 {
+		t.Fatalf("%s: %v %v", ok, r, err)
+	}
+	for name, tasks := range map[string]string{
+		"without the requesting task": `["t2"]`,
+		"empty":                       `[]`,
+		"duplicates":                  `["t1","t1"]`,
+		"not a task name":             `["t1","a/b"]`,
+		"an empty name":               `["t1",""]`,
+		"too many":                    "[" + strings.Join(many, ",") + "]",
+		"not strings":                 `[1]`,
+	} {
+		line := `{"op":"checkpoint","task":"t1","checkpoint":1,"dir":"/d","tasks":` + tasks + `}`
+		if _, err := DecodeRequest([]byte(line)); err == nil || err.Code != CodeBadRequest {
+			t.Errorf("%s: got %v, want bad_request", name, err)
+		}
+	}
+	if _, err := DecodeRequest([]byte(`{"op":"restore","task":"t","target":"/x","job_consistent":true}`)); err != nil {
+		t.Errorf("job_consistent restore: %v", err)
+	}
+	if _, err := DecodeRequest([]byte(`{"op":"restore","task":"t","target":"/x","job_consistent":true,"checkpoint":3}`)); err == nil {
+		t.Errorf("job_consistent with a checkpoint: accepted")
 	}
 }

@@ -53,6 +53,10 @@ type Options struct {
 	TargetParent *os.File
 	// Checkpoint picks a retained checkpoint; 0 means the newest.
 	Checkpoint uint64
+	// JobConsistent picks the task's newest job-complete checkpoint: the
+	// newest N for which every task of the job has a complete checkpoint N
+	// (manifests.JobReader). Not with Checkpoint.
+	JobConsistent bool
 	// LocalDir is the agent's local dir: files are taken from the local copy
 	// when present and intact, and the restore is recorded there so that the
 	// agent does not upload restored files again. "" restores from storage.
@@ -492,6 +496,19 @@ func wholeAndUnchanged(l *localrecovery.Local, m *manifests.Manifest) bool {
 // pick chooses the checkpoint: the requested one if it is complete and
 // retained, else the newest.
 func pick(ctx context.Context, o Options) (uint64, error) {
+	if o.JobConsistent {
+		if o.Checkpoint != 0 {
+			return 0, errors.New("restore: a job-consistent restore picks the checkpoint itself; do not name one")
+		}
+		n, err := manifests.NewestJobComplete(ctx, o.Store, o.Job, o.Task)
+		if err != nil {
+			return 0, err
+		}
+		if n == 0 {
+			return 0, fmt.Errorf("%w: storage %s holds no job-complete checkpoint of task %s in job %s (see ckpt list)", ErrNoCheckpoint, o.Store, o.Task, o.Job)
+		}
+		return n, nil
+	}
 	cat, err := manifests.Scan(ctx, o.Store, o.Job, o.Task)
 	if err != nil {
 		return 0, err

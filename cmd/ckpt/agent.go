@@ -155,9 +155,10 @@ func runAgent(ctx context.Context, args []string) error {
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
 		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
 	}
-	cfg.Restore = func(ctx context.Context, task string, n uint64, target string, parent *os.File) (*restore.Result, error) {
-		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: task, Checkpoint: n, Target: target, TargetParent: parent, LocalDir: *localDir})
-		recordRestore(ctx, tel, task, res, err)
+	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
+		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: r.Task, Checkpoint: r.Checkpoint,
+			JobConsistent: r.JobConsistent, Target: r.Target, TargetParent: r.Parent, LocalDir: *localDir})
+		recordRestore(ctx, tel, r.Task, res, err)
 		return res, err
 	}
 	if *drillEvery > 0 {

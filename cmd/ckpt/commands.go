@@ -22,6 +22,7 @@ func runRestore(ctx context.Context, args []string) error {
 	task := fs.String("task", "", "task name")
 	target := fs.String("target", "", "directory to restore into (must be absent or empty)")
 	n := fs.Uint64("checkpoint", 0, "checkpoint to restore (default: the newest complete one)")
+	jobConsistent := fs.Bool("job-consistent", false, "restore the newest job-complete checkpoint: the newest one every task of the job completed (not with --checkpoint)")
 	localDir := fs.String("local-dir", "", "the agent's local dir: take verified files from the local copy, and record the restore there")
 	ifNotExists := fs.Bool("if-not-exists", false, "succeed and do nothing if the target already holds a store")
 	ifCkpt := fs.Bool("if-checkpoint-exists", false, "succeed and do nothing if storage holds no checkpoint of the task")
@@ -34,6 +35,9 @@ func runRestore(ctx context.Context, args []string) error {
 	if *par < 1 {
 		return usageError{fmt.Errorf("--parallelism must be at least 1")}
 	}
+	if *jobConsistent && *n != 0 {
+		return usageError{fmt.Errorf("--job-consistent picks the checkpoint: do not give --checkpoint too")}
+	}
 	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
@@ -44,7 +48,7 @@ func runRestore(ctx context.Context, args []string) error {
 	defer st.Close()
 	bar := newProgress(!*asJSON, "restore")
 	res, err := restore.Run(ctx, restore.Options{
-		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, LocalDir: *localDir,
+		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, JobConsistent: *jobConsistent, LocalDir: *localDir,
 		IfNotExists: *ifNotExists, IfCheckpointExists: *ifCkpt, Parallelism: *par, Progress: bar.update,
 		TrustUnchangedLocal: *verifyLocal == "identity",
 	})
@@ -75,6 +79,11 @@ type listEntry struct {
 	Files          int       `json:"files"`
 	FilesUploaded  int       `json:"files_uploaded"`
 	FilesReused    int       `json:"files_reused"`
+	// JobComplete: the checkpoint lists its job's tasks and every one of
+	// them has a complete checkpoint with that number and list.
+	JobComplete bool `json:"job_complete"`
+	// JobIncompleteReason says why a job-wide checkpoint is not complete.
+	JobIncompleteReason string `json:"job_incomplete_reason,omitempty"`
 }
 
 func runList(ctx context.Context, args []string) error {
@@ -107,9 +116,37 @@ func runList(ctx context.Context, args []string) error {
 	for _, p := range problems {
 		fmt.Fprintf(os.Stderr, "warning: not listed: %s (ckpt verify fails on it; ckpt gc stops until it is fixed or removed)\n", p.Problem)
 	}
-	out := []listEntry{}
+	// Job completeness needs the other tasks' manifests: the whole job.
+	jobCat := cat
+	if *task != "" {
+		if jobCat, err = manifests.Scan(ctx, st, *job, ""); err != nil {
+			return err
+		}
+	}
+	jobs := manifests.NewJobReader(st, jobCat)
 	for _, m := range ms {
-		out = append(out, listEntry{m.Task, m.Checkpoint, m.Created, m.CheckpointSize, m.FullSize, len(m.Files), m.FilesUploaded, m.FilesReused})
+		jobs.Add(m)
+	}
+	out := []listEntry{}
+	incomplete := map[uint64]string{}
+	for _, m := range ms {
+		e := listEntry{Task: m.Task, Checkpoint: m.Checkpoint, Created: m.Created, CheckpointSize: m.CheckpointSize,
+			FullSize: m.FullSize, Files: len(m.Files), FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused}
+		if m.Tasks != nil {
+			js, err := jobs.Status(ctx, m.Checkpoint)
+			if err != nil {
+				return err
+			}
+			e.JobComplete = js.Complete && js.Includes(m.Task)
+			if !e.JobComplete {
+				e.JobIncompleteReason = js.Reason
+				if js.Reason == "" {
+					e.JobIncompleteReason = fmt.Sprintf("task %s is not among the tasks of checkpoint %d", m.Task, m.Checkpoint)
+				}
+				incomplete[m.Checkpoint] = e.JobIncompleteReason
+			}
+		}
+		out = append(out, e)
 	}
 	// Oldest first, across tasks.
 	sort.SliceStable(out, func(i, j int) bool {
@@ -125,11 +162,29 @@ func runList(ctx context.Context, args []string) error {
 		return printJSON(out)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tCREATED\tCHECKPOINT SIZE\tFULL SIZE\tFILES\tUPLOADED\tREUSED")
+	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tCREATED\tCHECKPOINT SIZE\tFULL SIZE\tFILES\tUPLOADED\tREUSED\tJOB-COMPLETE")
 	for _, e := range out {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", e.Task, e.Checkpoint, e.Created.Format(time.RFC3339), e.CheckpointSize, e.FullSize, e.Files, e.FilesUploaded, e.FilesReused)
+		jc := "-"
+		switch {
+		case e.JobComplete:
+			jc = "yes"
+		case e.JobIncompleteReason != "":
+			jc = "no"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Task, e.Checkpoint, e.Created.Format(time.RFC3339), e.CheckpointSize, e.FullSize, e.Files, e.FilesUploaded, e.FilesReused, jc)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	ns := make([]uint64, 0, len(incomplete))
+	for n := range incomplete {
+		ns = append(ns, n)
+	}
+	sort.Slice(ns, func(i, j int) bool { return ns[i] < ns[j] })
+	for _, n := range ns {
+		fmt.Printf("checkpoint %d is not job-complete: %s\n", n, incomplete[n])
+	}
+	return nil
 }
 
 func validNames(job, task string) error {

@@ -77,11 +77,11 @@ func commands() []command {
 	return []command{
 		{"agent", "run the sidecar agent on a Unix socket", runAgent},
 		{"trigger", "send one checkpoint request to an agent and wait for its end", runTrigger},
-		{"restore", "restore a task's store from its newest (or a chosen) checkpoint", runRestore},
+		{"restore", "restore a task's store from its newest (or a chosen, or the newest job-complete) checkpoint", runRestore},
 		{"list", "list the complete checkpoints of a job", runList},
 		{"verify", "re-read every object of checkpoints and check sizes and checksums", runVerify},
 		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
-		{"drill", "restore the newest checkpoint from storage into a scratch dir, verify it, time it", runDrill},
+		{"drill", "restore the newest checkpoint (of a task, or of every task of the job) from storage into scratch dirs, verify it, time it", runDrill},
 		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
 		{"version", "print the version (also ckpt --version)", runVersion},
 	}
