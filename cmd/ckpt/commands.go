@@ -75,6 +75,9 @@ type listEntry struct {
 	Files          int       `json:"files"`
 	FilesUploaded  int       `json:"files_uploaded"`
 	FilesReused    int       `json:"files_reused"`
+	// Epoch is the ownership epoch of the agent that committed it (0:
+	// before ownership existed). Fenced manifests are never listed.
+	Epoch uint64 `json:"epoch"`
 }
 
 func runList(ctx context.Context, args []string) error {
@@ -109,7 +112,7 @@ func runList(ctx context.Context, args []string) error {
 	}
 	out := []listEntry{}
 	for _, m := range ms {
-		out = append(out, listEntry{m.Task, m.Checkpoint, m.Created, m.CheckpointSize, m.FullSize, len(m.Files), m.FilesUploaded, m.FilesReused})
+		out = append(out, listEntry{m.Task, m.Checkpoint, m.Created, m.CheckpointSize, m.FullSize, len(m.Files), m.FilesUploaded, m.FilesReused, m.Epoch})
 	}
 	// Oldest first, across tasks.
 	sort.SliceStable(out, func(i, j int) bool {
@@ -125,9 +128,9 @@ func runList(ctx context.Context, args []string) error {
 		return printJSON(out)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tCREATED\tCHECKPOINT SIZE\tFULL SIZE\tFILES\tUPLOADED\tREUSED")
+	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tCREATED\tCHECKPOINT SIZE\tFULL SIZE\tFILES\tUPLOADED\tREUSED\tEPOCH")
 	for _, e := range out {
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", e.Task, e.Checkpoint, e.Created.Format(time.RFC3339), e.CheckpointSize, e.FullSize, e.Files, e.FilesUploaded, e.FilesReused)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\n", e.Task, e.Checkpoint, e.Created.Format(time.RFC3339), e.CheckpointSize, e.FullSize, e.Files, e.FilesUploaded, e.FilesReused, e.Epoch)
 	}
 	return tw.Flush()
 }
@@ -183,7 +186,7 @@ func runVerify(ctx context.Context, args []string) error {
 			continue
 		}
 		res.Checkpoints++
-		m, err := manifests.Load(ctx, st, *job, r.Task, r.Checkpoint)
+		m, err := manifests.LoadRef(ctx, st, *job, r)
 		if err != nil {
 			res.Problems = append(res.Problems, manifests.Problem{Task: r.Task, Checkpoint: r.Checkpoint, Problem: err.Error()})
 			continue
