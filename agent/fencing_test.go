@@ -190,3 +190,44 @@ func hasFile(m *manifests.Manifest, name string) bool {
 	}
 	return false
 }
+
+// Once another agent took the task over, the old agent's next request for
+// it fails with conflict, naming the new owner's node; and so does every
+// later one, before anything is linked or uploaded.
+func TestAFencedAgentsRequestsGetConflictNamingTheNewOwner(t *testing.T) {
+	shared := sharedStore(t)
+	old := start(t, func(storage.Store) storage.Store { return shared }, func(c *Config) { c.Node = "node-old"; c.GCInterval = -1 })
+	nw := start(t, func(storage.Store) storage.Store { return shared }, func(c *Config) { c.Node = "node-new"; c.GCInterval = -1 })
+	files := map[string]int{"000001.sst": 10_000, "CURRENT": 16}
+	checkpoint := func(h *harness, n uint64, name string) error {
+		p, err := h.dial().Checkpoint(ctxT(t), "t", n, h.snapshot(name, files), "pebble")
+		if err != nil {
+			return err
+		}
+		_, err = p.Wait(ctxT(t))
+		return err
+	}
+	if err := checkpoint(old, 1, "o1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := checkpoint(nw, 2, "n2"); err != nil {
+		t.Fatalf("the new owner's first checkpoint: %v", err)
+	}
+	for n, name := range map[uint64]string{3: "o3", 4: "o4"} {
+		err := checkpoint(old, n, name)
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || pe.Code != protocol.CodeConflict || !strings.Contains(pe.Message, "node-new") || !strings.Contains(pe.Message, "fenced") {
+			t.Fatalf("the fenced agent's checkpoint %d: %v, want conflict: fenced by node-new", n, err)
+		}
+	}
+	if err := checkpoint(nw, 3, "n3"); err != nil {
+		t.Fatalf("the new owner's next checkpoint: %v", err)
+	}
+	cat, err := manifests.Scan(ctxT(t), shared, "job", "t")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := cat.Retained("t"); len(r) != 2 || r[0].Checkpoint != 2 || r[1].Checkpoint != 3 || r[1].Epoch != 2 {
+		t.Fatalf("retained %+v, want the new owner's 2 and 3 at epoch 2", r)
+	}
+}
