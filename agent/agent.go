@@ -35,10 +35,13 @@ import (
 
 // Config configures an agent. Zero values take the documented defaults.
 type Config struct {
-	Socket   string        // Unix socket path (required)
-	Store    storage.Store // where checkpoints go (required)
-	Job      string        // the job namespace in storage (required)
-	LocalDir string        // the task-local store (required)
+	Socket string        // Unix socket path (required)
+	Store  storage.Store // where checkpoints go (required)
+	Job    string        // the job namespace in storage (required)
+	// Node names this agent in ownership records and fencing messages
+	// (default: the hostname).
+	Node     string
+	LocalDir string // the task-local store (required)
 	// AllowRoots confines checkpoint dirs and restore targets: a dir must
 	// resolve, after symlinks, inside one of them, and is then opened below
 	// it through no symlink. At least one absolute root is required; "/"
@@ -278,6 +281,9 @@ func New(cfg Config) (*Agent, error) {
 	id := make([]byte, 6)
 	rand.Read(id)
 	host, _ := os.Hostname()
+	if cfg.Node == "" {
+		cfg.Node = host
+	}
 	return &Agent{
 		cfg: cfg, log: cfg.Logger, local: local, roots: roots,
 		presence: uploader.NewPresence(cfg.Store, manifests.SharedPrefix(cfg.Job), cfg.ReuseCheckMaxAge),
@@ -326,7 +332,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			}()
 		})
 	}()
-	a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID)
+	a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID, "node", a.cfg.Node)
 	a.mu.Lock()
 	a.listening = true
 	a.mu.Unlock()
@@ -612,6 +618,12 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 	go func() {
 		defer a.jobs.Done()
 		defer parent.Close()
+		// A restore is the first thing a task's new home does: it takes the
+		// task's ownership (or, if this agent holds it, checks it still does).
+		if _, err := a.own(ctx, req.Task, true); err != nil {
+			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
+			return
+		}
 		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent,
 			Target: target, Parent: parent.File()})
 		if err != nil {

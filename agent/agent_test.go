@@ -228,7 +228,7 @@ func TestCheckpointUploadsOnlyNewSharedFiles(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, _ := h.store.Stat(ctxT(t), manifests.ManifestKey("job", "t1", 2))
+	info, _ := h.store.Stat(ctxT(t), manifests.ManifestKeyOf("job", "t1", 2, m.Epoch))
 	if want := int64(50_000+100_000) + info.Size; ev.CheckpointSize != want || m.CheckpointSize != want {
 		t.Fatalf("checkpoint size reported %d, manifest %d, want %d", ev.CheckpointSize, m.CheckpointSize, want)
 	}

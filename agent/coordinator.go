@@ -46,6 +46,12 @@ type task struct {
 	// across the reads that find the newest job-complete checkpoint).
 	retainMu sync.Mutex
 
+	ownMu sync.Mutex // serialises taking ownership (held without Agent.mu)
+	// owner is this agent's ownership record of the task, once taken;
+	// fenced is set for good once a newer owner is seen (a *FencedError).
+	owner  *manifests.Owner
+	fenced error
+
 	inflight map[uint64]*checkpoint // syncing, queued or running
 	pending  []*checkpoint          // synced, waiting for an async slot
 	running  int
@@ -126,6 +132,10 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 	}
 	t := a.taskLocked(req.Task)
 	switch {
+	case t.fenced != nil:
+		a.mu.Unlock()
+		c.send(failed(req, errorf(protocol.CodeConflict, "checkpoint %d of task %s: %v", req.Checkpoint, req.Task, t.fenced)))
+		return
 	case req.Checkpoint <= t.lastCompleted:
 		a.mu.Unlock()
 		c.send(failed(req, errorf(protocol.CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)))
@@ -347,13 +357,21 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		}
 		return protocol.Event{}, err
 	}
+	// Ownership first (taken on the task's first request, then cached),
+	// then the task's checkpoints as this owner sees them.
+	own, err := a.own(ctx, t.name, false)
+	if err != nil {
+		return protocol.Event{}, ownError(req, err)
+	}
 	if err := a.load(ctx, t); err != nil {
 		return protocol.Event{}, fmt.Errorf("read the task's checkpoints from storage: %w", err)
 	}
 	a.mu.Lock()
-	if req.Checkpoint <= t.lastCompleted {
+	// An owner commits only above every checkpoint it knows complete,
+	// own.After included: so there is at most one valid manifest per N.
+	if last := max(t.lastCompleted, own.After); req.Checkpoint <= last {
 		a.mu.Unlock()
-		return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, t.lastCompleted)
+		return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, last)
 	}
 	confirmed := map[string]string{}
 	for _, m := range t.retained {
@@ -372,7 +390,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	// Config.ReuseCheckMaxAge), and one missing or of the wrong size is
 	// uploaded again from the snapshot before the manifest names it.
 	res, err := uploader.Upload(uctx, uploader.Request{
-		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint,
+		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Epoch: own.Epoch,
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
 		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence,
 	})
@@ -397,7 +415,8 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	engine := ck.engine.Name()
 	m := &manifests.Manifest{
 		Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Parent: parent,
-		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Tasks: manifests.SortedTasks(req.Tasks), Files: res.Files,
+		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Tasks: manifests.SortedTasks(req.Tasks),
+		Epoch: own.Epoch, Node: a.cfg.Node, Files: res.Files,
 		FilesUploaded: res.FilesUploaded, FilesReused: res.FilesReused,
 	}
 	for _, f := range res.Files {
@@ -411,6 +430,12 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	if err := ctx.Err(); err != nil {
 		return protocol.Event{}, err
 	}
+	// Still the owner? A newer owner fences this agent: commit nothing.
+	// (A takeover right after this check is the residual window: readers
+	// ignore such a manifest, and the check after the commit says so.)
+	if err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, own); err != nil {
+		return protocol.Event{}, ownError(req, a.fence(t, err))
+	}
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = a.commit(ctx, m, encoded)
 	commitSpan.End()
@@ -419,6 +444,14 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 			return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
 		}
 		return protocol.Event{}, err
+	}
+	if err := manifests.CheckCommitted(context.WithoutCancel(ctx), a.cfg.Store, a.cfg.Job, own, req.Checkpoint); err != nil {
+		if errors.Is(err, manifests.ErrFenced) {
+			return protocol.Event{}, ownError(req, a.fence(t, err))
+		}
+		// The manifest is written; whether a takeover fenced it is for
+		// readers to decide. Most likely it did not.
+		a.log.Warn("check ownership after commit", "task", t.name, "checkpoint", req.Checkpoint, "err", err)
 	}
 	a.committed(t, m, encoded, ck.snap)
 	dur := time.Since(ck.start).Milliseconds()
@@ -642,6 +675,76 @@ func restored(res *restore.Result) *protocol.Restored {
 		return nil
 	}
 	return res.Outcome()
+}
+
+// own returns this agent's ownership of task, taking it on the first call
+// (epoch one above the last, by conditional create) and caching it. With
+// recheck, a cached ownership is checked against storage first. A fenced
+// agent gets its *manifests.FencedError, for good.
+func (a *Agent) own(ctx context.Context, name string, recheck bool) (manifests.Owner, error) {
+	a.mu.Lock()
+	t := a.taskLocked(name)
+	a.mu.Unlock()
+	t.ownMu.Lock()
+	defer t.ownMu.Unlock()
+	a.mu.Lock()
+	owner, fenced := t.owner, t.fenced
+	a.mu.Unlock()
+	switch {
+	case fenced != nil:
+		return manifests.Owner{}, fenced
+	case owner != nil && recheck:
+		if err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, *owner); err != nil {
+			return manifests.Owner{}, a.fence(t, err)
+		}
+		return *owner, nil
+	case owner != nil:
+		return *owner, nil
+	}
+	rec, err := manifests.TakeOwnership(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, a.agentID)
+	if err != nil {
+		return manifests.Owner{}, err
+	}
+	a.log.Info("took ownership of task", "task", name, "epoch", rec.Epoch, "after", rec.After, "node", rec.Node, "agent_id", rec.AgentID)
+	a.mu.Lock()
+	t.owner = &rec
+	// What was loaded before (nothing, normally) may predate the takeover.
+	t.loaded = false
+	a.mu.Unlock()
+	return rec, nil
+}
+
+// fence records, for good, that a newer owner fenced this agent for t when
+// err is a *manifests.FencedError; it returns err.
+func (a *Agent) fence(t *task, err error) error {
+	if errors.Is(err, manifests.ErrFenced) {
+		a.mu.Lock()
+		if t.fenced == nil {
+			t.fenced = err
+			a.log.Warn("fenced: another agent owns the task now; its requests here fail with conflict", "task", t.name, "err", err)
+		}
+		a.mu.Unlock()
+	}
+	return err
+}
+
+// ownError is the protocol error for a failure to take or keep ownership:
+// conflict when fenced (the message names the new owner), internal for an
+// unreadable ownership record, unavailable for a storage outage.
+func ownError(req protocol.Request, err error) *protocol.Error {
+	var bad *manifests.OwnerError
+	switch {
+	case errors.Is(err, manifests.ErrFenced):
+		if req.Checkpoint != 0 && req.Op != "restore" {
+			return errorf(protocol.CodeConflict, "checkpoint %d of task %s: %v", req.Checkpoint, req.Task, err)
+		}
+		return errorf(protocol.CodeConflict, "task %s: %v", req.Task, err)
+	case errors.As(err, &bad):
+		return errorf(protocol.CodeInternal, "task %s: %v", req.Task, err)
+	case retry.Transient(err):
+		return errorf(protocol.CodeUnavailable, "task %s: take ownership: %v", req.Task, err)
+	}
+	return errorf(protocol.CodeInternal, "task %s: take ownership: %v", req.Task, err)
 }
 
 // errorf returns a *protocol.Error with the given code and message.

@@ -100,7 +100,7 @@ func (a *Agent) liveObjects(ctx context.Context) (map[string]manifests.File, err
 	}
 	live := map[string]manifests.File{}
 	for _, r := range cat.Retained("") {
-		m, err := manifests.Load(ctx, a.cfg.Store, a.cfg.Job, r.Task, r.Checkpoint)
+		m, err := manifests.LoadRef(ctx, a.cfg.Store, a.cfg.Job, r)
 		if err != nil {
 			if errors.Is(err, storage.ErrNotFound) {
 				continue // retired and collected meanwhile

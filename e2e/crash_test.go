@@ -43,10 +43,9 @@ func TestAnAgentKilledMidUploadLeavesNothingOnceCollected(t *testing.T) {
 	if _, err := c.Checkpoint(ctx, task, 2, snap2, ""); err != nil {
 		t.Fatalf("checkpoint 2: %v", err)
 	}
-	manifest2 := filepath.Join(storageDir, filepath.FromSlash(manifestKey(job, task, 2)))
 	deadline := time.Now().Add(90 * time.Second)
 	for {
-		if exists(manifest2) {
+		if manifestPath(storageDir, job, task, 2) != "" {
 			t.Fatalf("checkpoint 2 (%d files, %d bytes) completed before the test could kill the agent mid-upload", files, bytes)
 		}
 		if n := sharedObjects(storageDir, job); n >= shared1+3 {
@@ -59,7 +58,7 @@ func TestAnAgentKilledMidUploadLeavesNothingOnceCollected(t *testing.T) {
 	}
 	a.kill()
 	uploaded := sharedObjects(storageDir, job) - shared1
-	if exists(manifest2) {
+	if manifestPath(storageDir, job, task, 2) != "" {
 		t.Fatal("the manifest of checkpoint 2 was written before the kill took effect; the crash did not land mid-upload")
 	}
 	if uploaded >= files {
@@ -124,7 +123,7 @@ func TestAnAgentKilledMidUploadLeavesNothingOnceCollected(t *testing.T) {
 		if strings.Contains(rel, ".ckpt-tmp-") {
 			t.Errorf("temporary file left in storage: %s", rel)
 		}
-		if !st.Mode.IsRegular() {
+		if !st.Mode.IsRegular() || isOwnerRecord(rel) {
 			continue
 		}
 		size, ok := wanted[rel]
@@ -170,8 +169,7 @@ func TestSIGTERMWithACheckpointInFlightExitsCleanlyWithinTheGrace(t *testing.T) 
 	if err != nil {
 		t.Fatalf("checkpoint: %v", err)
 	}
-	manifest := filepath.Join(storageDir, filepath.FromSlash(manifestKey(job, task, 1)))
-	if exists(manifest) {
+	if manifestPath(storageDir, job, task, 1) != "" {
 		t.Fatal("the checkpoint completed before SIGTERM; it was not in flight")
 	}
 	start := time.Now()
@@ -191,11 +189,11 @@ func TestSIGTERMWithACheckpointInFlightExitsCleanlyWithinTheGrace(t *testing.T) 
 	}
 	switch {
 	case ev.Event == "completed":
-		if !exists(manifest) {
+		if manifestPath(storageDir, job, task, 1) == "" {
 			t.Error("the checkpoint was reported completed but its manifest is absent")
 		}
 	case ev.Event == "failed" && ev.Error != nil && ev.Error.Code == "unavailable":
-		if exists(manifest) {
+		if manifestPath(storageDir, job, task, 1) != "" {
 			t.Error("the checkpoint was reported failed but its manifest exists")
 		}
 	default:

@@ -193,7 +193,7 @@ func resetConn(w http.ResponseWriter) {
 
 // isManifestPut matches the commit of a checkpoint: the manifest's PUT.
 func isManifestPut(r *http.Request) bool {
-	return r.Method == http.MethodPut && strings.HasSuffix(r.URL.Path, "/manifest") && strings.Contains(r.URL.Path, "/chk/")
+	return r.Method == http.MethodPut && manifestRE.MatchString(r.URL.Path)
 }
 
 func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t *testing.T) {
@@ -288,7 +288,7 @@ func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t 
 		t.Fatalf("checkpoint %d with every commit refused: exit %d, %+v, %v\nstderr: %s", n, o.code, o.ev, o.err, o.stder)
 	}
 	t.Logf("checkpoint %d with the commit refused: %s: %s", n, o.ev.Error.Code, o.ev.Error.Message)
-	if _, ok := direct.get(t, manifestKey(job, task, n)); ok {
+	if direct.hasManifest(t, job, task, n) {
 		t.Errorf("checkpoint %d failed but its manifest is in storage", n)
 	}
 	for _, e := range checkListed(t) {

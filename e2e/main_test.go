@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"sync"
@@ -423,12 +424,65 @@ func manifestKey(job, task string, n uint64) string {
 	return fmt.Sprintf("%s/tasks/%s/chk/%020d/manifest", job, task, n)
 }
 
+// manifestRE matches a manifest's key: the legacy "manifest" (epoch 0) or
+// "manifest.e<epoch:020>" of an owner of epoch >= 1.
+var manifestRE = regexp.MustCompile(`/chk/\d{20}/manifest(\.e(\d{20}))?$`)
+
+// ownerRE matches a task's ownership record: bookkeeping of the task's
+// owner, not checkpoint data.
+var ownerRE = regexp.MustCompile(`/tasks/[^/]+/owner/\d{20}$`)
+
+// isOwnerRecord reports whether a key or path is an ownership record.
+func isOwnerRecord(rel string) bool { return ownerRE.MatchString(filepath.ToSlash(rel)) }
+
+// newestManifestKey picks, of keys, the manifest of checkpoint n of task
+// written by the newest epoch ("" if none): with one agent per task, the
+// one every reader uses.
+func newestManifestKey(keys []string, job, task string, n uint64) string {
+	prefix := fmt.Sprintf("%s/tasks/%s/chk/%020d/", job, task, n)
+	best, bestEpoch := "", ""
+	for _, k := range keys {
+		m := manifestRE.FindStringSubmatch(k)
+		if m == nil || !strings.HasPrefix(k, prefix) {
+			continue
+		}
+		if best == "" || m[2] > bestEpoch {
+			best, bestEpoch = k, m[2]
+		}
+	}
+	return best
+}
+
+// manifestPath is the file of checkpoint n's newest manifest in a file://
+// storage directory ("" if none).
+func manifestPath(storageDir, job, task string, n uint64) string {
+	dir := filepath.Join(storageDir, filepath.FromSlash(fmt.Sprintf("%s/tasks/%s/chk/%020d", job, task, n)))
+	entries, _ := os.ReadDir(dir)
+	var keys []string
+	for _, e := range entries {
+		keys = append(keys, fmt.Sprintf("%s/tasks/%s/chk/%020d/%s", job, task, n, e.Name()))
+	}
+	k := newestManifestKey(keys, job, task, n)
+	if k == "" {
+		return ""
+	}
+	return filepath.Join(storageDir, filepath.FromSlash(k))
+}
+
 // readManifest reads and checks a manifest straight from a file:// storage
 // directory, independently of the manifests package.
 func readManifest(t *testing.T, storageDir, job, task string, n uint64) storedManifest {
 	t.Helper()
-	key := manifestKey(job, task, n)
-	data, err := os.ReadFile(filepath.Join(storageDir, filepath.FromSlash(key)))
+	path := manifestPath(storageDir, job, task, n)
+	if path == "" {
+		t.Fatalf("read manifest: no manifest of %s checkpoint %d in %s", task, n, storageDir)
+	}
+	rel, err := filepath.Rel(storageDir, path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := filepath.ToSlash(rel)
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatalf("read manifest: %v", err)
 	}
@@ -475,7 +529,7 @@ func treeSize(t *testing.T, dir string) int64 {
 			}
 			return err
 		}
-		if fi.Mode().IsRegular() {
+		if fi.Mode().IsRegular() && !isOwnerRecord(p) {
 			n += fi.Size()
 		}
 		return nil

@@ -25,12 +25,26 @@ type Ref struct {
 	ManifestSize int64
 	Retired      bool
 	RetiredAt    time.Time
+	// Epoch is the ownership epoch of the manifest's writer (from its key);
+	// Key is the manifest's object key.
+	Epoch uint64
+	Key   string
 }
 
 // Catalog is what a scan of a job's task prefix found.
 type Catalog struct {
 	Job  string
-	Refs []Ref // sorted by task, then checkpoint
+	Refs []Ref // sorted by task, then checkpoint; never a fenced manifest
+	// Fenced are the manifests a newer owner fenced (see owner.go): never
+	// listed, restored or retained; GC deletes them and keeps nothing alive
+	// for them.
+	Fenced []Ref
+	// Owners holds each task's ownership records (those that can fence).
+	Owners map[string]*Owners
+	// OwnerProblems names the tasks whose ownership records cannot be
+	// read: their checkpoints are in Refs (every one, so that GC keeps
+	// their objects) but Retained withholds them, and Load fails.
+	OwnerProblems map[string]error
 	// Private holds the private objects seen, by key.
 	Private map[string]storage.ObjectInfo
 	// StrayMarkers are retired markers whose manifest is gone.
@@ -43,6 +57,9 @@ type Catalog struct {
 func (c *Catalog) Retained(task string) []Ref {
 	var out []Ref
 	for _, r := range c.Refs {
+		if c.OwnerProblems[r.Task] != nil {
+			continue
+		}
 		if !r.Retired && (task == "" || r.Task == task) {
 			out = append(out, r)
 		}
@@ -50,34 +67,76 @@ func (c *Catalog) Retained(task string) []Ref {
 	return out
 }
 
-// Scan lists the manifests, retention markers and private objects of a job
-// (of one task when task is not ""). It reads no manifest bodies.
+// Scan lists the manifests, retention markers, private objects and
+// ownership records of a job (of one task when task is not ""), and applies
+// the fencing rule (Fence): Refs holds, for each checkpoint, the one
+// manifest no newer owner fenced. It reads no manifest bodies, only the
+// ownership records that can fence a manifest present.
 func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, error) {
 	prefix := TasksPrefix(job)
 	if task != "" {
-		prefix = TaskPrefix(job, task)
+		prefix = TaskRoot(job, task)
 	}
-	c := &Catalog{Job: job, Private: map[string]storage.ObjectInfo{}, ListedAt: time.Now()}
+	c := &Catalog{Job: job, Private: map[string]storage.ObjectInfo{}, ListedAt: time.Now(),
+		Owners: map[string]*Owners{}, OwnerProblems: map[string]error{}}
 	type id struct {
 		task string
 		n    uint64
 	}
-	refs := map[id]*Ref{}
+	byTask := map[string][]Ref{}
 	markers := map[id]storage.ObjectInfo{}
 	err := s.List(ctx, prefix, func(o storage.ObjectInfo) error {
-		t, n, kind := parseTaskKey(job, o.Key)
-		switch kind {
+		k := parseTaskKey(job, o.Key)
+		switch k.kind {
 		case keyManifest:
-			refs[id{t, n}] = &Ref{Task: t, Checkpoint: n, Created: o.ModTime, ManifestSize: o.Size}
+			byTask[k.task] = append(byTask[k.task], Ref{Task: k.task, Checkpoint: k.n, Created: o.ModTime, ManifestSize: o.Size, Epoch: k.epoch, Key: o.Key})
 		case keyRetired:
-			markers[id{t, n}] = o
+			markers[id{k.task, k.n}] = o
 		case keyPrivate:
 			c.Private[o.Key] = o
+		case keyOwner:
+			ow := c.Owners[k.task]
+			if ow == nil {
+				ow = &Owners{Task: k.task, Records: map[uint64]Owner{}}
+				c.Owners[k.task] = ow
+			}
+			ow.Epochs = append(ow.Epochs, k.n)
 		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("scan checkpoints of job %s in %s: %w", job, s, err)
+	}
+	refs := map[id]*Ref{}
+	for t, rs := range byTask {
+		ow := c.Owners[t]
+		valid := rs
+		if ow != nil {
+			sort.Slice(ow.Epochs, func(i, j int) bool { return ow.Epochs[i] < ow.Epochs[j] })
+			oldest := rs[0].Epoch
+			for _, r := range rs {
+				oldest = min(oldest, r.Epoch)
+			}
+			err := readOwners(ctx, s, job, ow, oldest)
+			var bad *OwnerError
+			switch {
+			case errors.As(err, &bad):
+				c.OwnerProblems[t] = err
+			case err != nil:
+				return nil, err
+			default:
+				var fenced []Ref
+				valid, fenced = Fence(rs, ow)
+				c.Fenced = append(c.Fenced, fenced...)
+			}
+		}
+		for i := range valid {
+			r := valid[i]
+			refs[id{r.Task, r.Checkpoint}] = &r
+			if c.OwnerProblems[t] != nil {
+				c.Refs = append(c.Refs, r) // every manifest, kept whole
+			}
+		}
 	}
 	for k, m := range markers {
 		if r, ok := refs[k]; ok {
@@ -87,20 +146,52 @@ func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, err
 		}
 	}
 	for _, r := range refs {
-		c.Refs = append(c.Refs, *r)
-	}
-	sort.Slice(c.Refs, func(i, j int) bool {
-		if c.Refs[i].Task != c.Refs[j].Task {
-			return c.Refs[i].Task < c.Refs[j].Task
+		if c.OwnerProblems[r.Task] == nil {
+			c.Refs = append(c.Refs, *r)
 		}
-		return c.Refs[i].Checkpoint < c.Refs[j].Checkpoint
-	})
+	}
+	for i := range c.Refs {
+		if r, ok := refs[id{c.Refs[i].Task, c.Refs[i].Checkpoint}]; ok && c.OwnerProblems[r.Task] != nil {
+			c.Refs[i].Retired, c.Refs[i].RetiredAt = r.Retired, r.RetiredAt
+		}
+	}
+	sortRefs(c.Refs)
+	sortRefs(c.Fenced)
 	sort.Strings(c.StrayMarkers)
 	return c, nil
 }
 
-// Load reads and checks the manifest of checkpoint n of task. A missing
-// manifest returns an error wrapping storage.ErrNotFound.
+func sortRefs(refs []Ref) {
+	sort.Slice(refs, func(i, j int) bool {
+		if refs[i].Task != refs[j].Task {
+			return refs[i].Task < refs[j].Task
+		}
+		if refs[i].Checkpoint != refs[j].Checkpoint {
+			return refs[i].Checkpoint < refs[j].Checkpoint
+		}
+		return refs[i].Epoch < refs[j].Epoch
+	})
+}
+
+// Find returns the valid manifest of checkpoint n of task. An error
+// wrapping storage.ErrNotFound says there is none (or only fenced ones);
+// an *OwnerError that the task's ownership records cannot be read.
+func (c *Catalog) Find(task string, n uint64) (Ref, error) {
+	if err := c.OwnerProblems[task]; err != nil {
+		return Ref{}, err
+	}
+	for _, r := range c.Refs {
+		if r.Task == task && r.Checkpoint == n {
+			return r, nil
+		}
+	}
+	return Ref{}, fmt.Errorf("manifest of %s checkpoint %d: %w", task, n, storage.ErrNotFound)
+}
+
+// Load reads and checks the valid manifest of checkpoint n of task: it
+// scans the task (one listing) to apply the fencing rule, so a fenced
+// manifest is never returned. A missing manifest returns an error wrapping
+// storage.ErrNotFound.
 func Load(ctx context.Context, s storage.Store, job, task string, n uint64) (*Manifest, error) {
 	m, _, err := LoadEncoded(ctx, s, job, task, n)
 	return m, err
@@ -108,7 +199,31 @@ func Load(ctx context.Context, s storage.Store, job, task string, n uint64) (*Ma
 
 // LoadEncoded is Load that also returns the manifest as stored.
 func LoadEncoded(ctx context.Context, s storage.Store, job, task string, n uint64) (*Manifest, []byte, error) {
-	key := ManifestKey(job, task, n)
+	cat, err := Scan(ctx, s, job, task)
+	if err != nil {
+		return nil, nil, err
+	}
+	ref, err := cat.Find(task, n)
+	if err != nil {
+		return nil, nil, err
+	}
+	return LoadRefEncoded(ctx, s, job, ref)
+}
+
+// LoadRef reads and checks the manifest ref names, as found by Scan (which
+// applied the fencing rule).
+func LoadRef(ctx context.Context, s storage.Store, job string, ref Ref) (*Manifest, error) {
+	m, _, err := LoadRefEncoded(ctx, s, job, ref)
+	return m, err
+}
+
+// LoadRefEncoded is LoadRef that also returns the manifest as stored.
+func LoadRefEncoded(ctx context.Context, s storage.Store, job string, ref Ref) (*Manifest, []byte, error) {
+	task, n := ref.Task, ref.Checkpoint
+	key := ref.Key
+	if key == "" {
+		key = ManifestKeyOf(job, task, n, ref.Epoch)
+	}
 	rc, err := s.Get(ctx, key)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
@@ -122,8 +237,8 @@ func LoadEncoded(ctx context.Context, s storage.Store, job, task string, n uint6
 	if err != nil {
 		return nil, nil, &UnreadableError{Key: key, Err: err}
 	}
-	if m.Job != job || m.Task != task || m.Checkpoint != n {
-		return nil, nil, &UnreadableError{Key: key, Err: fmt.Errorf("names job %q task %q checkpoint %d, not where it is stored", m.Job, m.Task, m.Checkpoint)}
+	if m.Job != job || m.Task != task || m.Checkpoint != n || m.Epoch != ref.Epoch {
+		return nil, nil, &UnreadableError{Key: key, Err: fmt.Errorf("names job %q task %q checkpoint %d epoch %d, not where it is stored", m.Job, m.Task, m.Checkpoint, m.Epoch)}
 	}
 	return m, data, nil
 }
@@ -153,7 +268,7 @@ func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) 
 	var out []*Manifest
 	var problems []Problem
 	for _, r := range refs {
-		m, err := Load(ctx, s, job, r.Task, r.Checkpoint)
+		m, err := LoadRef(ctx, s, job, r)
 		var bad *UnreadableError
 		switch {
 		case errors.As(err, &bad):
@@ -174,7 +289,7 @@ func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) 
 // completed it first (then the error wraps ErrConflict and the winner's
 // manifest is left intact). Every object m names must already be durable.
 func Commit(ctx context.Context, s storage.Store, m *Manifest, encoded []byte) error {
-	key := ManifestKey(m.Job, m.Task, m.Checkpoint)
+	key := ManifestKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch)
 	err := s.Create(ctx, key, bytes.NewReader(encoded), int64(len(encoded)))
 	if errors.Is(err, storage.ErrExists) {
 		return fmt.Errorf("commit %s checkpoint %d: %w", m.Task, m.Checkpoint, ErrConflict)
@@ -225,5 +340,5 @@ func Retention(refs []Ref, keep int, protect ...uint64) (retained, retire []Ref)
 
 // RefOf is the Ref of a committed manifest, as Retention sees it.
 func RefOf(m *Manifest) Ref {
-	return Ref{Task: m.Task, Checkpoint: m.Checkpoint}
+	return Ref{Task: m.Task, Checkpoint: m.Checkpoint, Epoch: m.Epoch, Key: ManifestKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch)}
 }

@@ -116,7 +116,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		} else {
 			rep.RetainedCheckpoints++
 		}
-		m, err := Load(ctx, s, job, r.Task, r.Checkpoint)
+		m, err := LoadRef(ctx, s, job, r)
 		if err != nil {
 			if errors.Is(err, storage.ErrNotFound) {
 				continue // deleted since the scan: a concurrent GC retired it
@@ -157,9 +157,14 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	// Manifests of expired retirements go first, then their markers and stray
 	// markers, then unreferenced objects: a crash in between leaves only
 	// orphans, never a manifest pointing at deleted objects.
+	// Fenced manifests (owner.go) stay fenced forever: nothing keeps their
+	// objects alive, and they go with the expired ones.
 	var meta []string
 	for _, r := range expired {
-		meta = append(meta, ManifestKey(job, r.Task, r.Checkpoint))
+		meta = append(meta, r.Key)
+	}
+	for _, r := range cat.Fenced {
+		meta = append(meta, r.Key)
 	}
 	if !opts.DryRun && len(meta) > 0 {
 		if err := s.Delete(ctx, meta...); err != nil {

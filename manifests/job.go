@@ -144,6 +144,7 @@ func brief(tasks []string) string {
 type JobReader struct {
 	s     storage.Store
 	job   string
+	cat   *Catalog
 	byN   map[uint64][]string // sorted tasks with a retained manifest n
 	lists map[Ref][]string    // manifests read: their Tasks
 	bad   map[Ref]string      // manifests that could not be used
@@ -152,7 +153,7 @@ type JobReader struct {
 
 // NewJobReader prepares a JobReader over cat, a scan of the whole job.
 func NewJobReader(s storage.Store, cat *Catalog) *JobReader {
-	r := &JobReader{s: s, job: cat.Job, byN: map[uint64][]string{}, lists: map[Ref][]string{},
+	r := &JobReader{s: s, job: cat.Job, cat: cat, byN: map[uint64][]string{}, lists: map[Ref][]string{},
 		bad: map[Ref]string{}, done: map[uint64]JobStatus{}}
 	for _, ref := range cat.Retained("") {
 		r.byN[ref.Checkpoint] = append(r.byN[ref.Checkpoint], ref.Task) // refs are sorted by task
@@ -183,7 +184,13 @@ func (r *JobReader) list(ctx context.Context, task string, n uint64) (tasks []st
 	if p, ok := r.bad[key]; ok {
 		return nil, p != "", p, nil
 	}
-	m, err := Load(ctx, r.s, r.job, task, n)
+	// The scan already applied the fencing rule: read the valid manifest
+	// it found, without listing the task again.
+	ref, err := r.cat.Find(task, n)
+	var m *Manifest
+	if err == nil {
+		m, err = LoadRef(ctx, r.s, r.job, ref)
+	}
 	var unreadable *UnreadableError
 	switch {
 	case errors.As(err, &unreadable):

@@ -72,7 +72,13 @@ type Manifest struct {
 	// job at this checkpoint, sorted, this task included (see JobStatus).
 	// Manifests without it are valid and are not job-wide checkpoints.
 	Tasks []string `json:"tasks,omitempty"`
-	Files []File   `json:"files"`
+	// Epoch is the ownership epoch of the agent that wrote the manifest
+	// (0: written before ownership existed); Node is that agent's node.
+	// A manifest of epoch >= 1 is stored at ManifestKeyOf(..., Epoch) and
+	// is used only while no newer owner fences it (see owner.go).
+	Epoch uint64 `json:"epoch,omitempty"`
+	Node  string `json:"node,omitempty"`
+	Files []File `json:"files"`
 
 	// FullSize is the bytes of every file the checkpoint references: what a
 	// restore fetches (Flink's lastCheckpointFullSize).
@@ -231,7 +237,7 @@ func (m *Manifest) Validate() error {
 				if hex.EncodeToString(sum[:]) != f.SHA256 {
 					return fmt.Errorf("manifest: private file %q: inline bytes do not match its sha256", f.Name)
 				}
-			} else if f.Key != PrivateKey(m.Job, m.Task, m.Checkpoint, f.Name) {
+			} else if f.Key != PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, f.Name) {
 				return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", f.Name, f.Key)
 			}
 		default:

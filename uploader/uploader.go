@@ -41,7 +41,10 @@ type Request struct {
 	Store      storage.Store
 	Job, Task  string
 	Checkpoint uint64
-	Snapshot   *localrecovery.Snapshot
+	// Epoch is the writer's ownership epoch: private objects go under
+	// manifests.PrivateKeyOf(..., Epoch), apart from any other owner's.
+	Epoch    uint64
+	Snapshot *localrecovery.Snapshot
 	// Confirmed maps the content id of every shared object referenced by the
 	// task's complete, retained manifests to its key. Only these are reused:
 	// an object that merely exists in storage is uploaded again.
@@ -325,7 +328,7 @@ func (u *upload) inline(path string, lf localrecovery.File, f *manifests.File) e
 // private sends a private file as an object of this checkpoint's own,
 // hashed on the way (read whole first when small).
 func (u *upload) private(path string, lf localrecovery.File, f *manifests.File) (body, error) {
-	f.Key = manifests.PrivateKey(u.req.Job, u.req.Task, u.req.Checkpoint, f.Name)
+	f.Key = manifests.PrivateKeyOf(u.req.Job, u.req.Task, u.req.Checkpoint, u.req.Epoch, f.Name)
 	f.Uploaded = true
 	b := body{key: f.Key}
 	if lf.Size <= bufferedMax {

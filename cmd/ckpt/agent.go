@@ -58,6 +58,7 @@ func runAgent(ctx context.Context, args []string) error {
 	socket := fs.String("socket", "", "Unix socket to serve the protocol on (created with mode 0660)")
 	store := fs.String("storage", "", "storage URL: file:///dir, s3://bucket/prefix or gs://bucket/prefix")
 	job := fs.String("job", "", "job name: the namespace of this deployment in storage")
+	node := fs.String("node", "", "node name recorded when this agent takes a task's ownership and named when it fences another (default: the hostname)")
 	localDir := fs.String("local-dir", "", "task-local store; put it on the app's filesystem so snapshots are hard-linked")
 	var roots stringList
 	fs.Var(&roots, "allow-root", "absolute directory that checkpoint dirs and restore targets must resolve inside (repeatable; at least one is required; / allows any, explicitly)")
@@ -149,7 +150,7 @@ func runAgent(ctx context.Context, args []string) error {
 	defer base.Close()
 	st := ratelimit.New(base, ratelimit.Limits{Upload: *uploadRate})
 	cfg := agent.Config{
-		Socket: *socket, Store: st, Job: *job, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
+		Socket: *socket, Store: st, Job: *job, Node: *node, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
 		AllowUIDs: uids, AllowGIDs: gids, MaxConnections: *maxConns, IdleTimeout: idle,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval, ReuseCheckMaxAge: *reuseMaxAge, ScrubRate: *scrubRate,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,

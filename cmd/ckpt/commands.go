@@ -84,6 +84,9 @@ type listEntry struct {
 	JobComplete bool `json:"job_complete"`
 	// JobIncompleteReason says why a job-wide checkpoint is not complete.
 	JobIncompleteReason string `json:"job_incomplete_reason,omitempty"`
+	// Epoch is the ownership epoch of the agent that committed it (0:
+	// before ownership existed). Fenced manifests are never listed.
+	Epoch uint64 `json:"epoch"`
 }
 
 func runList(ctx context.Context, args []string) error {
@@ -131,7 +134,7 @@ func runList(ctx context.Context, args []string) error {
 	incomplete := map[uint64]string{}
 	for _, m := range ms {
 		e := listEntry{Task: m.Task, Checkpoint: m.Checkpoint, Created: m.Created, CheckpointSize: m.CheckpointSize,
-			FullSize: m.FullSize, Files: len(m.Files), FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused}
+			FullSize: m.FullSize, Files: len(m.Files), FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, Epoch: m.Epoch}
 		if m.Tasks != nil {
 			js, err := jobs.Status(ctx, m.Checkpoint)
 			if err != nil {
@@ -162,7 +165,7 @@ func runList(ctx context.Context, args []string) error {
 		return printJSON(out)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tCREATED\tCHECKPOINT SIZE\tFULL SIZE\tFILES\tUPLOADED\tREUSED\tJOB-COMPLETE")
+	fmt.Fprintln(tw, "TASK\tCHECKPOINT\tCREATED\tCHECKPOINT SIZE\tFULL SIZE\tFILES\tUPLOADED\tREUSED\tEPOCH\tJOB-COMPLETE")
 	for _, e := range out {
 		jc := "-"
 		switch {
@@ -171,7 +174,7 @@ func runList(ctx context.Context, args []string) error {
 		case e.JobIncompleteReason != "":
 			jc = "no"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Task, e.Checkpoint, e.Created.Format(time.RFC3339), e.CheckpointSize, e.FullSize, e.Files, e.FilesUploaded, e.FilesReused, jc)
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%d\t%d\t%d\t%d\t%s\n", e.Task, e.Checkpoint, e.Created.Format(time.RFC3339), e.CheckpointSize, e.FullSize, e.Files, e.FilesUploaded, e.FilesReused, e.Epoch, jc)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -238,7 +241,7 @@ func runVerify(ctx context.Context, args []string) error {
 			continue
 		}
 		res.Checkpoints++
-		m, err := manifests.Load(ctx, st, *job, r.Task, r.Checkpoint)
+		m, err := manifests.LoadRef(ctx, st, *job, r)
 		if err != nil {
 			res.Problems = append(res.Problems, manifests.Problem{Task: r.Task, Checkpoint: r.Checkpoint, Problem: err.Error()})
 			continue

@@ -87,3 +87,26 @@ func TestListShowsEverythingButAnUndecodableManifest(t *testing.T) {
 		t.Errorf("gc over an undecodable manifest: exit %d, want 1 and nothing deleted\n%s", code, errs)
 	}
 }
+
+// list --json entries carry the epoch of the owner that committed them,
+// and a manifest a newer owner fenced is not listed.
+func TestListCarriesTheEpochAndHidesFencedManifests(t *testing.T) {
+	url, s := storageDir(t)
+	ctx := context.Background()
+	commitManifest(t, s, "j", "t", 1, "legacy, epoch 0")
+	if _, err := manifests.TakeOwnership(ctx, s, "j", "t", "node-a", "A"); err != nil {
+		t.Fatal(err)
+	}
+	commitManifest(t, s, "j", "t", 2, "legacy writer after the takeover: fenced")
+	code, stdout, stderr := runCaptured(t, "list", "--storage", url, "--job", "j", "--json")
+	if code != 0 {
+		t.Fatalf("list --json: exit %d\n%s%s", code, stdout, stderr)
+	}
+	var entries []map[string]any
+	if err := json.Unmarshal([]byte(stdout), &entries); err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0]["checkpoint"] != float64(1) || entries[0]["epoch"] != float64(0) {
+		t.Fatalf("list --json: %s, want checkpoint 1 alone with \"epoch\":0", stdout)
+	}
+}

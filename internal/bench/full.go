@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"strings"
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/manifests"
@@ -68,6 +69,16 @@ var _ storage.Store = (*hideTask)(nil)
 func (h *hideTask) List(ctx context.Context, prefix string, fn func(storage.ObjectInfo) error) error {
 	if prefix == h.prefix {
 		return nil
+	}
+	if prefix == strings.TrimSuffix(h.prefix, "chk/") {
+		// The task's whole root (ownership records and checkpoints): the
+		// ownership records show, the checkpoints stay hidden.
+		return h.Store.List(ctx, prefix, func(o storage.ObjectInfo) error {
+			if strings.HasPrefix(o.Key, h.prefix) {
+				return nil
+			}
+			return fn(o)
+		})
 	}
 	return h.Store.List(ctx, prefix, fn)
 }
