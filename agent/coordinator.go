@@ -410,10 +410,10 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		return protocol.Event{}, err
 	}
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
-	err = a.commit(ctx, m, encoded, &hold)
+	err = a.commit(ctx, m, encoded, hold)
 	commitSpan.End()
 	if err != nil {
-		if errors.Is(err, manifests.ErrMarked) {
+		if errors.Is(err, manifests.ErrMarked) || errors.Is(err, manifests.ErrStale) {
 			return protocol.Event{}, errorf(protocol.CodeUnavailable, "checkpoint %d of task %s: %v; retry", req.Checkpoint, req.Task, err)
 		}
 		if errors.Is(err, manifests.ErrConflict) {
@@ -439,9 +439,9 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 // Cancellation (abort, shutdown) stops retries but never interrupts a
 // write in progress.
 //
-// Every attempt is sent within D/2 of a look at GC's marks (hold, looked
-// at again when older), so no collection deletes what m names.
-func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte, hold **manifests.Hold) error {
+// Every attempt is sent within D/2 of the look at GC's marks (hold), so
+// no collection deletes what m names; past that, the commit fails.
+func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte, hold *manifests.Hold) error {
 	deadline := time.Now().Add(a.cfg.CommitPatience)
 	delay := 500 * time.Millisecond
 	for {

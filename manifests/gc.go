@@ -33,9 +33,10 @@
 //     marked) is uploaded again from the local copy under a FreshKey
 //     (<sha>-<size>.<16 hex>, a key no mark names), and it looks again,
 //     until a look finds nothing to replace. It sends the manifest's
-//     conditional create only within W of its last look (CommitHeld looks
-//     again when W has passed, and refuses to commit, ErrMarked, if the
-//     manifest now names a marked object).
+//     conditional create only within W of its last look: later, CommitHeld
+//     refuses to commit (ErrStale) and the checkpoint fails, to be retried.
+//     It cannot simply look again: a collection removes a mark once it has
+//     deleted the mark's objects, so a late look may miss a deletion.
 //
 // Why X cannot be lost. Let a collection G2 delete X, a candidate of mark
 // M. M's stored time tm (storage clock) precedes the moment m it became

@@ -88,8 +88,8 @@ type storedMark struct {
 }
 
 // ErrMarked is returned (wrapped) by CommitHeld when the manifest names an
-// object that a collection has marked for deletion since the writer last
-// looked: the checkpoint is not committed and may be retried.
+// object that was marked for deletion when the writer looked: nothing is
+// committed.
 var ErrMarked = errors.New("an object the manifest names is marked for deletion by GC")
 
 // markCache keeps parsed marks by key and time: marks are never rewritten.
@@ -324,22 +324,23 @@ func (h *Hold) Conflicts(m *Manifest) []string {
 	return out
 }
 
-// CommitHeld is Commit for a writer that took *hold (Guard.Check) after
-// its objects were uploaded and referenced no marked object then. If the
-// hold has expired, it looks at the marks again first (and updates
-// *hold); if m now names a marked object, it commits nothing and returns
-// an error wrapping ErrMarked.
-func CommitHeld(ctx context.Context, s storage.Store, m *Manifest, encoded []byte, hold **Hold) error {
-	h := *hold
-	if h.Expired() {
-		fresh, err := h.g.Check(ctx)
-		if err != nil {
-			return fmt.Errorf("commit %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
-		}
-		*hold, h = fresh, fresh
-	}
-	if c := h.Conflicts(m); len(c) > 0 {
+// ErrStale is returned (wrapped) by CommitHeld when more than D/2 passed
+// since the writer looked at the marks: a collection may have deleted, and
+// then stopped marking, an object the manifest names. Nothing is
+// committed; the checkpoint may be retried.
+var ErrStale = errors.New("too long since the writer looked at GC's marks")
+
+// CommitHeld is Commit for a writer that took hold (Guard.Check) after its
+// objects were uploaded, and references no object marked then. It commits
+// only within Delay/2 of that look; later, it commits nothing and returns
+// an error wrapping ErrStale. (Looking again would not do: a collection
+// removes a mark once it deleted the mark's objects.)
+func CommitHeld(ctx context.Context, s storage.Store, m *Manifest, encoded []byte, hold *Hold) error {
+	if c := hold.Conflicts(m); len(c) > 0 {
 		return fmt.Errorf("commit %s checkpoint %d: %s: %w", m.Task, m.Checkpoint, c[0], ErrMarked)
+	}
+	if hold.Expired() {
+		return fmt.Errorf("commit %s checkpoint %d: %v passed since: %w", m.Task, m.Checkpoint, hold.g.Now().Sub(hold.at).Round(time.Millisecond), ErrStale)
 	}
 	return Commit(ctx, s, m, encoded)
 }

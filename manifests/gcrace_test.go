@@ -56,7 +56,7 @@ func writeX(t *testing.T, s storage.Store, g *Guard, task string, x []byte) (*Ma
 	m := &Manifest{Job: "job", Task: task, Checkpoint: 1, Created: time.Now(), FullSize: int64(len(x))}
 	m.Files = []File{{Name: "000001.sst", Kind: Shared, Size: int64(len(x)), SHA256: sha(x), Key: key, Uploaded: true}}
 	enc, _ := m.Encode(int64(len(x)))
-	return m, CommitHeld(ctx, s, m, enc, &hold)
+	return m, CommitHeld(ctx, s, m, enc, hold)
 }
 
 func restorable(t *testing.T, s storage.Store, task string) {
@@ -152,16 +152,20 @@ func TestGCWriterThatLookedBeforeTheMarkCannotCommitLate(t *testing.T) {
 	m.Files = []File{{Name: "000001.sst", Kind: Shared, Size: int64(len(x)), SHA256: sha(x), Key: key}}
 	enc, _ := m.Encode(0)
 	clock = clock.Add(GCMarkDelay/2 + time.Second)
-	if err := CommitHeld(ctx, base, m, enc, &hold); !errors.Is(err, ErrMarked) {
-		t.Fatalf("late commit naming a marked object: %v, want ErrMarked", err)
+	if err := CommitHeld(ctx, base, m, enc, hold); !errors.Is(err, ErrStale) {
+		t.Fatalf("late commit: %v, want ErrStale", err)
+	}
+	// A look now sees the mark.
+	hold, _ = g.Check(ctx)
+	if err := CommitHeld(ctx, base, m, enc, hold); !errors.Is(err, ErrMarked) {
+		t.Fatalf("commit naming a marked object: %v, want ErrMarked", err)
 	}
 	// Within D/2 of its look, the commit goes through (the collection
 	// deleting X will list this manifest).
-	hold, _ = g.Check(ctx)
 	m.Files[0].Key = FreshKey(key)
 	put(t, base, m.Files[0].Key, x)
 	enc, _ = m.Encode(0)
-	if err := CommitHeld(ctx, base, m, enc, &hold); err != nil {
+	if err := CommitHeld(ctx, base, m, enc, hold); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := GC(ctx, base, "job", GCOptions{Grace: time.Hour, Now: func() time.Time { return time.Now().Add(GCMarkDelay) }}); err != nil {

@@ -290,9 +290,16 @@ func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Gua
 		g.SetLimit(max(req.Concurrency, 1))
 		var mu sync.Mutex
 		for _, key := range order {
-			fresh := manifests.FreshKey(key)
+			// The fresh key extends the file's usual key (the marked one
+			// may be a fresh key already).
+			f := res.Files[byKey[key][0]]
+			usual := manifests.SharedKey(req.Job, f.SHA256, f.Size)
+			if f.Kind == manifests.Private {
+				usual = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
+			}
+			fresh := manifests.FreshKey(usual)
 			for used[fresh] {
-				fresh = manifests.FreshKey(key)
+				fresh = manifests.FreshKey(usual)
 			}
 			used[fresh] = true
 			idx := byKey[key]
