@@ -132,7 +132,7 @@ func TestGCInFlightDeleteCannotLoseAReuploadedObject(t *testing.T) {
 
 // TestGCWriterThatLookedBeforeTheMarkCannotCommitLate: a writer looks at
 // the marks before a collection marks X, then stalls; it may not commit
-// after D/2 on that look, so its commit looks again and refuses.
+// after D/2 on that look, so its commit is refused (ErrStale).
 func TestGCWriterThatLookedBeforeTheMarkCannotCommitLate(t *testing.T) {
 	ctx := context.Background()
 	base := newStore(t).(*file.Store)
