@@ -228,6 +228,9 @@ type Agent struct {
 	roots   []root // the allowed roots, open
 	// presence confirms reused objects before commits (job-wide index).
 	presence *uploader.Presence
+	// guard reads GC's marks before commits (see gcGuard).
+	guardOnce sync.Once
+	guard     *manifests.Guard
 
 	mu       sync.Mutex
 	tasks    map[string]*task

@@ -389,11 +389,18 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	// reused object is checked against storage (an observation no older than
 	// Config.ReuseCheckMaxAge), and one missing or of the wrong size is
 	// uploaded again from the snapshot before the manifest names it.
-	res, err := uploader.Upload(uctx, uploader.Request{
+	ureq := uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Epoch: own.Epoch,
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
 		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence,
-	})
+	}
+	res, err := uploader.Upload(uctx, ureq)
+	var hold *manifests.Hold
+	if err == nil {
+		// GC deletes only what it marked at least D earlier: the manifest
+		// names no marked object, and is committed within D/2 of this look.
+		hold, err = uploader.AvoidMarked(uctx, ureq, res, a.gcGuard())
+	}
 	if err != nil {
 		upSpan.SetStatus(codes.Error, err.Error())
 		upSpan.End()
@@ -403,6 +410,9 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		attribute.Int("ckpt.files_uploaded", res.FilesUploaded), attribute.Int("ckpt.files_reused", res.FilesReused),
 		attribute.Int("ckpt.objects_replaced", len(res.Replaced)))
 	upSpan.End()
+	for _, k := range res.Rekeyed {
+		a.log.Info("object marked for deletion by GC: stored again under a new key", "task", req.Task, "checkpoint", req.Checkpoint, "key", k)
+	}
 	for _, r := range res.Replaced {
 		a.log.Warn("reused object missing or damaged in storage: uploaded again from the snapshot",
 			"task", req.Task, "checkpoint", req.Checkpoint, "key", r.Key, "problem", r.String())
@@ -437,9 +447,12 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		return protocol.Event{}, ownError(req, a.fence(t, err))
 	}
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
-	err = a.commit(ctx, m, encoded)
+	err = a.commit(ctx, m, encoded, hold)
 	commitSpan.End()
 	if err != nil {
+		if errors.Is(err, manifests.ErrMarked) || errors.Is(err, manifests.ErrStale) {
+			return protocol.Event{}, errorf(protocol.CodeUnavailable, "checkpoint %d of task %s: %v; retry", req.Checkpoint, req.Task, err)
+		}
 		if errors.Is(err, manifests.ErrConflict) {
 			return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
 		}
@@ -470,11 +483,14 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 // the retry decorator recognises its own earlier write by its bytes.
 // Cancellation (abort, shutdown) stops retries but never interrupts a
 // write in progress.
-func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte) error {
+//
+// Every attempt is sent within D/2 of the look at GC's marks (hold), so
+// no collection deletes what m names; past that, the commit fails.
+func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte, hold *manifests.Hold) error {
 	deadline := time.Now().Add(a.cfg.CommitPatience)
 	delay := 500 * time.Millisecond
 	for {
-		err := manifests.Commit(context.WithoutCancel(ctx), a.cfg.Store, m, encoded)
+		err := manifests.CommitHeld(context.WithoutCancel(ctx), a.cfg.Store, m, encoded, hold)
 		if err == nil || !retry.Transient(err) || time.Now().Add(delay).After(deadline) {
 			return err
 		}
@@ -595,6 +611,12 @@ func (a *Agent) jobProtect(ctx context.Context, t *task, own []*manifests.Manife
 		}
 	}
 	return 0, true
+}
+
+// gcGuard returns the agent's view of GC's marks, made on first use.
+func (a *Agent) gcGuard() *manifests.Guard {
+	a.guardOnce.Do(func() { a.guard = manifests.NewGuard(a.cfg.Store, a.cfg.Job) })
+	return a.guard
 }
 
 // maybeSweep starts a job-wide GC unless one runs or ran recently.

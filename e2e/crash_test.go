@@ -99,7 +99,13 @@ func TestAnAgentKilledMidUploadLeavesNothingOnceCollected(t *testing.T) {
 	t.Logf("before gc: %d temporary files in storage", temps)
 	before := treeSize(t, jobDir)
 	var gc gcReport
-	ckptJSONEnv(t, []string{unsafeGCGrace}, &gc, "gc", "--storage", "file://"+storageDir, "--job", job, "--grace", "0s", "--json")
+	// The first collection marks the orphans, the second deletes them.
+	var mark gcReport
+	ckptJSONEnv(t, []string{unsafeGCGrace, unsafeGCMarkDelay}, &mark, "gc", "--storage", "file://"+storageDir, "--job", job, "--grace", "0s", "--json")
+	if mark.DeletedObjects != 0 {
+		t.Errorf("the first gc deleted %d objects: it may only mark them", mark.DeletedObjects)
+	}
+	ckptJSONEnv(t, []string{unsafeGCGrace, unsafeGCMarkDelay}, &gc, "gc", "--storage", "file://"+storageDir, "--job", job, "--grace", "0s", "--json")
 	after := treeSize(t, jobDir)
 	t.Logf("gc: %+v; job dir %d -> %d bytes", gc, before, after)
 	if gc.DeletedObjects < uploaded {

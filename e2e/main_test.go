@@ -268,6 +268,10 @@ type cliResult struct {
 // tests collect garbage in seconds, on storage nothing else writes to.
 const unsafeGCGrace = "CKPT_UNSAFE_MIN_GC_GRACE=0s"
 
+// unsafeGCMarkDelay lets a collection delete what an earlier one marked
+// at once (D = 0): two `ckpt gc` runs in a row collect everything.
+const unsafeGCMarkDelay = "CKPT_UNSAFE_GC_MARK_DELAY=0s"
+
 // childEnv is the environment of a ckpt process: the test's, plus env
 // (whose entries win).
 func childEnv(env []string) []string {

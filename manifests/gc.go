@@ -1,3 +1,96 @@
+// # Garbage collection with many writers
+//
+// GC deletes an object only in a second collection, after marking it in a
+// first; writers look at the marks right before they commit. This closes
+// the interleaving that a grace period and a re-check cannot: GC finds X
+// unreferenced and old and sends its delete; meanwhile another writer (a
+// task with a byte-identical file, or the same task adding it again)
+// uploads X and commits a manifest naming X; the delete lands, and a
+// completed checkpoint cannot be restored. Invariant 4 requires that no
+// object referenced by a manifest committed after a collection started is
+// deleted by that collection.
+//
+// What each party does (D = GCMarkDelay, 10m; W = D/2):
+//
+//   - A collection reads storage's clock first (it writes <job>/gc/clock
+//     and takes its time, t0), reads the marks under <job>/gc/marks/, then
+//     lists the manifests (the live set) and the objects. Objects that no
+//     manifest it read references and that are older than the grace (by
+//     t0) are marked: it writes a mark naming them, by conditional create,
+//     and deletes none of them.
+//   - A collection deletes only the candidates of marks that are ripe:
+//     written at least D before t0 (both times from storage's clock), and
+//     only those still unreferenced by every manifest it listed after t0,
+//     still stored and still older than the grace. It deletes only while it
+//     holds the job's deletion lock (<job>/gc/lock/<gen>, taken by
+//     conditional create of the next generation; taken over only when
+//     older than 7m by storage's clock), and sends deletes only within 5m
+//     of asking for the lock. It removes a ripe mark after every candidate
+//     of it was handled, then releases the lock.
+//   - A writer uploads its objects, then looks at the marks (Guard.Check,
+//     at its time k). Every object it would reference that a mark names (a
+//     reused one, or one it uploaded itself under a key that exists and is
+//     marked) is uploaded again from the local copy under a FreshKey
+//     (<sha>-<size>.<16 hex>, a key no mark names), and it looks again,
+//     until a look finds nothing to replace. It sends the manifest's
+//     conditional create only within W of its last look: later, CommitHeld
+//     refuses to commit (ErrStale) and the checkpoint fails, to be retried.
+//     It cannot simply look again: a collection removes a mark once it has
+//     deleted the mark's objects, so a late look may miss a deletion.
+//
+// Why X cannot be lost. Let a collection G2 delete X, a candidate of mark
+// M. M's stored time tm (storage clock) precedes the moment m it became
+// visible by at most p, the duration of its PUT. G2 found M ripe, so its
+// clock probe, written before G2 listed the manifests at L2, has a stored
+// time >= tm + D: L2 > m - p + D. Let a writer commit a manifest naming X,
+// landing at c; its last look at the marks started at k, and it sent the
+// create by k + W, so c <= k + W + q, q bounding one request's flight.
+//
+//   - If k >= m, the look listed M (listings are strongly consistent on S3,
+//     GCS and files): the writer referenced a fresh key, not X.
+//   - If k < m, then c < m + W + q <= m - p + D < L2, since W + q + p <= D:
+//     the manifest was committed before G2 listed the manifests, G2 read
+//     it, X was live, and G2 did not delete it.
+//
+// So a manifest committed after G2 started (after L2) never names an
+// object G2 deletes, however the writer's upload and G2's delete
+// interleave: the delete in flight can only remove a key that no such
+// manifest names.
+//
+// Removing a mark lets writers use X's usual key again, so no collection
+// may still be deleting candidates of M after that: only the lock holder
+// deletes, it stops sending deletes 5m after asking for the lock, and a
+// lock is taken over only when older than 7m (storage clock), so every
+// delete of an earlier holder has landed (q plus storage's one-second
+// timestamps fit in the 2m gap). The holder removes M only after its own
+// deletes returned.
+//
+// A collection of the old kind, or one within its first pass, deletes
+// nothing a writer may still reference: the first sight of an unreferenced
+// object only marks it.
+//
+// Time bounds: D = 10m; writers commit within W = 5m of their last look;
+// deletes are sent within 5m of taking the lock; the lock expires after
+// 7m. The proof needs q + p <= D - W = 5m (storage requests time out far
+// sooner), and the grace (>= MinGCGrace) still keeps uploads in flight
+// from being marked at all.
+//
+// Clock assumptions: ages and ripeness compare only times written by
+// storage (an object's time against the clock probe's time), so the
+// collector's clock does not matter; writers and lock holders measure only
+// durations, on their own monotonic clocks (drift over minutes is
+// negligible). Storage's clock must move forward at the real rate, and an
+// object's stored time must lie between the start of its write and its
+// visibility.
+//
+// Interrupted multipart uploads are aborted by every collection once older
+// than the grace, as before: an upload in flight cannot be referenced
+// before it completes, and a completed one is an object like any other.
+// Orphans are marked by one collection and deleted by the first collection
+// holding the lock at least D later. `ckpt gc --dry-run` reports what the
+// collection would delete now (candidates of ripe marks) and what it would
+// mark, and writes nothing (not even the clock probe: it uses its own
+// clock).
 package manifests
 
 import (
@@ -16,12 +109,18 @@ type GCOptions struct {
 	// checkpoints of every task. Zero leaves retention alone.
 	Retain int
 	// Grace is how old an unreferenced object (and a retirement) must be
-	// before it is deleted. It protects uploads in flight elsewhere and
-	// checkpoints in flight that reuse objects of a just-retired manifest.
+	// before it is marked, and again before it is deleted. It protects
+	// uploads in flight elsewhere and checkpoints in flight that reuse
+	// objects of a just-retired manifest.
 	Grace time.Duration
-	// DryRun reports what would be deleted and changes nothing.
+	// MarkDelay is D, the least time between marking an object and
+	// deleting it (MarkDelay() when 0). It must match the writers' Guard.
+	MarkDelay time.Duration
+	// DryRun reports what would be deleted and marked, and changes nothing.
 	DryRun bool
-	// Now is the clock (time.Now when nil).
+	// Now replaces storage's clock (tests). When nil, a collection reads
+	// storage's clock from the time storage gives its clock probe; a dry
+	// run, which writes nothing, uses the local clock.
 	Now func() time.Time
 }
 
@@ -35,8 +134,12 @@ type GCReport struct {
 	RetiredCheckpoints  int      `json:"retired_checkpoints"`
 	DeletedManifests    int      `json:"deleted_manifests"`
 	IncompleteUploads   int      `json:"incomplete_uploads_removed"`
+	MarkedObjects       int      `json:"marked_objects"`
+	MarkedBytes         int64    `json:"marked_bytes"`
+	PendingObjects      int      `json:"pending_objects"`
 	DryRun              bool     `json:"dry_run,omitempty"`
 	Deleted             []string `json:"-"`
+	Marked              []string `json:"-"`
 }
 
 // deleteBatch bounds one Delete call, and so the time between re-checking
@@ -46,9 +149,11 @@ const deleteBatch = 1000
 // GC collects a job's garbage. The live set is derived from storage alone:
 // every object referenced by a retained manifest, or by a manifest retired
 // less than Grace ago, is live. Everything else under the job's shared and
-// private prefixes that is older than Grace is deleted: objects of retired
-// checkpoints, and orphans of crashed or aborted checkpoints. Manifests
-// retired more than Grace ago are deleted first (then their objects).
+// private prefixes that is older than Grace is garbage: objects of retired
+// checkpoints, and orphans of crashed or aborted checkpoints. Garbage is
+// marked by one collection and deleted by a later one at least D later
+// (see the package documentation). Manifests retired more than Grace ago
+// are deleted first (their objects are then garbage).
 //
 // A manifest that cannot be read or fails its checks stops the collection
 // before anything is deleted: GC never guesses what a manifest references.
@@ -56,19 +161,51 @@ const deleteBatch = 1000
 // Ages are read from a listing; when deleting starts more than Grace/10
 // after the listing, each batch is re-checked with Stat right before it is
 // deleted, so that an object refreshed by a re-upload in the meantime is
-// kept: the view of an age is never staler than a small part of Grace.
+// kept.
 func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCReport, error) {
-	now := time.Now
-	if opts.Now != nil {
-		now = opts.Now
-	}
 	var rep GCReport
 	rep.DryRun = opts.DryRun
+	delay := opts.MarkDelay
+	if delay == 0 {
+		delay = MarkDelay()
+	}
+	local0 := time.Now()
+	base := local0
+	if opts.Now == nil && !opts.DryRun {
+		var err error
+		if base, err = storageNow(ctx, s, job); err != nil {
+			return rep, err
+		}
+		defer s.Delete(context.WithoutCancel(ctx), clockKey(job))
+	}
+	now := func() time.Time {
+		if opts.Now != nil {
+			return opts.Now()
+		}
+		return base.Add(time.Since(local0))
+	}
+	start := now()
+	marks, err := (&markCache{}).read(ctx, s, job)
+	if err != nil {
+		return rep, fmt.Errorf("gc: %w", err)
+	}
+	// Only the holder of the deletion lock deletes objects and removes marks.
+	var lock string
+	lockAsked := time.Now()
+	if !opts.DryRun {
+		if lock, err = takeLock(ctx, s, job, start); err != nil {
+			return rep, err
+		}
+		if lock != "" {
+			defer s.Delete(context.WithoutCancel(ctx), lock)
+		}
+	}
+	deleting := lock != "" || opts.DryRun
+
 	cat, err := Scan(ctx, s, job, "")
 	if err != nil {
 		return rep, err
 	}
-	start := now()
 	if opts.Retain > 0 {
 		tasks := map[string]bool{}
 		for _, r := range cat.Refs {
@@ -102,7 +239,8 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 	}
 
-	// The live set: objects of retained manifests and of recent retirements.
+	// The live set: objects of retained manifests and of recent retirements,
+	// all listed after storage's clock was read (start).
 	live := map[string]bool{}
 	var expired []Ref
 	for _, r := range cat.Refs {
@@ -130,16 +268,40 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 	}
 
+	// Marks: ripe ones (at least D old by storage's clock) are processed by
+	// the lock holder; the candidates of the others are pending.
+	pending := map[string]bool{}
+	ripeKeys := map[string]bool{}
+	var ripe []string
+	for _, m := range marks {
+		if deleting && start.Sub(m.modTime) >= max(delay, m.delay) {
+			ripe = append(ripe, m.key)
+			for k := range m.keys {
+				ripeKeys[k] = true
+			}
+			continue
+		}
+		for k := range m.keys {
+			pending[k] = true
+		}
+	}
+
 	// Candidates: unreferenced objects older than the grace period.
-	var candidates []storage.ObjectInfo
+	var doomed, fresh []storage.ObjectInfo
 	consider := func(o storage.ObjectInfo) {
 		if live[o.Key] {
 			rep.LiveObjects++
 			rep.LiveBytes += o.Size
 			return
 		}
-		if start.Sub(o.ModTime) >= opts.Grace {
-			candidates = append(candidates, o)
+		switch {
+		case start.Sub(o.ModTime) < opts.Grace:
+		case pending[o.Key]:
+			rep.PendingObjects++
+		case ripeKeys[o.Key]:
+			doomed = append(doomed, o)
+		default:
+			fresh = append(fresh, o)
 		}
 	}
 	listedAt := now()
@@ -152,7 +314,8 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	for _, o := range cat.Private {
 		consider(o)
 	}
-	sort.Slice(candidates, func(i, j int) bool { return candidates[i].Key < candidates[j].Key })
+	sort.Slice(doomed, func(i, j int) bool { return doomed[i].Key < doomed[j].Key })
+	sort.Slice(fresh, func(i, j int) bool { return fresh[i].Key < fresh[j].Key })
 
 	// Manifests of expired retirements go first, then their markers and stray
 	// markers, then unreferenced objects: a crash in between leaves only
@@ -183,10 +346,17 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 	}
 
-	for len(candidates) > 0 {
-		n := min(deleteBatch, len(candidates))
-		batch := candidates[:n]
-		candidates = candidates[n:]
+	// Candidates of ripe marks, while the lock's hold lasts.
+	complete := true
+	for len(doomed) > 0 {
+		if !opts.DryRun && time.Since(lockAsked) > gcLockHold {
+			complete = false // the next lock holder goes on
+			rep.PendingObjects += len(doomed)
+			break
+		}
+		n := min(deleteBatch, len(doomed))
+		batch := doomed[:n]
+		doomed = doomed[n:]
 		if now().Sub(listedAt) > opts.Grace/10 {
 			batch = recheck(ctx, s, batch, now(), opts.Grace)
 		}
@@ -202,6 +372,25 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 		rep.DeletedObjects += len(keys)
 		rep.Deleted = append(rep.Deleted, keys...)
+	}
+	// Every candidate of the ripe marks is deleted, live again, young again
+	// or gone: the marks are done.
+	if !opts.DryRun && complete && len(ripe) > 0 {
+		if err := s.Delete(ctx, ripe...); err != nil {
+			return rep, fmt.Errorf("gc: remove processed marks: %w", err)
+		}
+	}
+
+	// New garbage is marked, not deleted.
+	for _, o := range fresh {
+		rep.MarkedObjects++
+		rep.MarkedBytes += o.Size
+		rep.Marked = append(rep.Marked, o.Key)
+	}
+	if !opts.DryRun && len(fresh) > 0 {
+		if err := writeMarks(ctx, s, job, delay, fresh); err != nil {
+			return rep, err
+		}
 	}
 
 	if c, ok := storage.AsCleaner(s); ok && !opts.DryRun {

@@ -192,6 +192,8 @@ func validSHA(s string) bool {
 // name is a plain path element, that shared keys are the content address of
 // their hash and size, that private keys belong to this checkpoint, that
 // inline bytes match their size and hash, and that the totals add up.
+// A key may carry a FreshKey suffix: the writer stored those bytes under a
+// new key because the usual one was marked for deletion (see GC).
 func (m *Manifest) Validate() error {
 	if err := ValidName("job", m.Job); err != nil {
 		return fmt.Errorf("manifest: %w", err)
@@ -211,6 +213,7 @@ func (m *Manifest) Validate() error {
 		}
 	}
 	seen := make(map[string]bool, len(m.Files))
+	privateKeys := map[string]bool{}
 	var full int64
 	for _, f := range m.Files {
 		if err := ValidFileName(f.Name); err != nil {
@@ -225,7 +228,7 @@ func (m *Manifest) Validate() error {
 		}
 		switch f.Kind {
 		case Shared:
-			if f.Key != SharedKey(m.Job, f.SHA256, f.Size) || f.Inline != nil {
+			if !isKeyOrFresh(f.Key, SharedKey(m.Job, f.SHA256, f.Size)) || f.Inline != nil {
 				return fmt.Errorf("manifest: shared file %q: key %q is not its content address", f.Name, f.Key)
 			}
 		case Private:
@@ -237,8 +240,12 @@ func (m *Manifest) Validate() error {
 				if hex.EncodeToString(sum[:]) != f.SHA256 {
 					return fmt.Errorf("manifest: private file %q: inline bytes do not match its sha256", f.Name)
 				}
-			} else if f.Key != PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, f.Name) {
+			} else if !isKeyOrFresh(f.Key, PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, f.Name)) {
 				return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", f.Name, f.Key)
+			} else if privateKeys[f.Key] {
+				return fmt.Errorf("manifest: private file %q: key %q names another file's object too", f.Name, f.Key)
+			} else {
+				privateKeys[f.Key] = true
 			}
 		default:
 			return fmt.Errorf("manifest: file %q: unknown kind %q", f.Name, f.Kind)

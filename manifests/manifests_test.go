@@ -176,19 +176,36 @@ func TestGCKeepsLiveObjectsAndHonoursTheGrace(t *testing.T) {
 	if r := cat.Retained("t"); len(r) != 1 || r[0].Checkpoint != 2 {
 		t.Fatalf("retention kept %+v, want checkpoint 2", r)
 	}
-	// Past the grace (a clock two hours on): the retired manifest goes, then
-	// the orphans; objects some retained manifest needs stay.
+	// Past the grace (a clock two hours on): the retired manifest goes, and
+	// the orphans are marked; a collection at least D later deletes them.
+	// Objects some retained manifest needs stay.
 	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
 	dry, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later, DryRun: true})
-	if err != nil || dry.DeletedObjects != 2 {
+	if err != nil || dry.DeletedObjects != 0 || dry.MarkedObjects != 2 {
 		t.Fatalf("dry run: %+v %v", dry, err)
 	}
 	rep, err = GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.DeletedObjects != 2 || rep.DeletedManifests != 1 || rep.LiveObjects != 3 {
-		t.Fatalf("past grace: %+v", rep)
+	if rep.DeletedObjects != 0 || rep.MarkedObjects != 2 || rep.DeletedManifests != 1 || rep.LiveObjects != 3 {
+		t.Fatalf("past grace, first collection: %+v", rep)
+	}
+	// Less than D after the mark: nothing more is deleted, nothing marked twice.
+	rep, err = GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later, MarkDelay: 3 * time.Hour})
+	if err != nil || rep.DeletedObjects != 0 || rep.MarkedObjects != 0 || rep.PendingObjects != 2 {
+		t.Fatalf("within D: %+v %v", rep, err)
+	}
+	dry, err = GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later, MarkDelay: time.Hour, DryRun: true})
+	if err != nil || dry.DeletedObjects != 2 {
+		t.Fatalf("dry run past D: %+v %v", dry, err)
+	}
+	rep, err = GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later, MarkDelay: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.DeletedObjects != 2 || rep.MarkedObjects != 0 || rep.LiveObjects != 3 {
+		t.Fatalf("past D: %+v", rep)
 	}
 	if _, err := s.Stat(ctx, ManifestKey("job", "t", 1)); !errors.Is(err, storage.ErrNotFound) {
 		t.Fatal("retired manifest kept past the grace")
@@ -201,7 +218,7 @@ func TestGCKeepsLiveObjectsAndHonoursTheGrace(t *testing.T) {
 	var keys []string
 	s.List(ctx, "", func(o storage.ObjectInfo) error { keys = append(keys, o.Key); return nil })
 	for _, k := range keys {
-		if strings.Contains(k, "retired") || strings.Contains(k, "/00000000000000000003/") {
+		if strings.Contains(k, "retired") || strings.Contains(k, "/00000000000000000003/") || strings.Contains(k, "/gc/") {
 			t.Fatalf("left behind: %s", k)
 		}
 	}
@@ -226,13 +243,13 @@ func TestGCStopsOnACorruptManifest(t *testing.T) {
 // a checkpoint elsewhere would; GC must notice the fresh age and keep it.
 type refresher struct {
 	storage.Store
-	key    string
-	listed bool
+	key           string
+	armed, listed bool
 }
 
 func (r *refresher) List(ctx context.Context, prefix string, fn func(storage.ObjectInfo) error) error {
 	err := r.Store.List(ctx, prefix, fn)
-	if strings.HasSuffix(prefix, "/shared/") && !r.listed {
+	if strings.HasSuffix(prefix, "/shared/") && r.armed && !r.listed {
 		r.listed = true
 		r.Store.Put(ctx, r.key, bytes.NewReader([]byte("orphan")), 6)
 	}
@@ -247,15 +264,18 @@ func TestGCRechecksAgesWhenItsListingIsStale(t *testing.T) {
 	old := time.Now().Add(-2 * time.Hour)
 	os.Chtimes(filepath.Join(base.Root(), key), old, old)
 	s := &refresher{Store: base, key: key}
-	// Deleting starts ten minutes after the listing: more than a tenth of
-	// the grace, so the listing's ages are stale and must be re-read.
-	calls := 0
+	// The first collection marks it.
+	if rep, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour}); err != nil || rep.MarkedObjects != 1 {
+		t.Fatalf("first collection: %+v %v", rep, err)
+	}
+	// The second, D later, deletes only after its listing went stale (ten
+	// minutes, more than a tenth of the grace): the ages must be re-read.
+	s.armed = true
 	clock := func() time.Time {
-		calls++
-		if calls > 2 {
-			return time.Now().Add(10 * time.Minute)
+		if s.listed {
+			return time.Now().Add(GCMarkDelay + 10*time.Minute)
 		}
-		return time.Now()
+		return time.Now().Add(GCMarkDelay)
 	}
 	rep, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: clock})
 	if err != nil {

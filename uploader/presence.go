@@ -10,6 +10,8 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/localrecovery"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
@@ -247,4 +249,96 @@ func (p *Presence) statAll(ctx context.Context, objs []Object) ([]Finding, error
 		}
 	}
 	return out, nil
+}
+
+// avoidRounds bounds the looks at GC's marks before a commit: a look that
+// finds a marked object is followed by uploads and another look.
+const avoidRounds = 4
+
+// AvoidMarked makes sure the manifest of res names no object that a
+// collection has marked for deletion (see manifests.Guard). It looks at
+// the marks; every object of res they name, reused or uploaded, is
+// uploaded again from the snapshot under a fresh key (manifests.FreshKey)
+// and counted as uploaded; then it looks again, until a look finds nothing
+// to replace. It returns that last look: the caller commits with
+// manifests.CommitHeld, within the look's validity.
+func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Guard) (*manifests.Hold, error) {
+	for range avoidRounds {
+		hold, err := g.Check(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("read gc marks before commit: %w", err)
+		}
+		byKey := map[string][]int{}
+		var order []string
+		used := map[string]bool{}
+		for i, f := range res.Files {
+			if f.Key == "" {
+				continue
+			}
+			used[f.Key] = true
+			if hold.Pending(f.Key) {
+				if byKey[f.Key] == nil {
+					order = append(order, f.Key)
+				}
+				byKey[f.Key] = append(byKey[f.Key], i)
+			}
+		}
+		if len(order) == 0 {
+			return hold, nil
+		}
+		g, gctx := errgroup.WithContext(ctx)
+		g.SetLimit(max(req.Concurrency, 1))
+		var mu sync.Mutex
+		for _, key := range order {
+			// The fresh key extends the file's usual key (the marked one
+			// may be a fresh key already).
+			f := res.Files[byKey[key][0]]
+			usual := manifests.SharedKey(req.Job, f.SHA256, f.Size)
+			if f.Kind == manifests.Private {
+				usual = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
+			}
+			fresh := manifests.FreshKey(usual)
+			for used[fresh] {
+				fresh = manifests.FreshKey(usual)
+			}
+			used[fresh] = true
+			idx := byKey[key]
+			g.Go(func() error {
+				f := res.Files[idx[0]]
+				var lf localrecovery.File
+				for _, x := range req.Snapshot.Files {
+					if x.Name == f.Name {
+						lf = x
+					}
+				}
+				sha, err := putFile(gctx, req.Store, fresh, req.Snapshot.Path(f.Name), lf, true)
+				if err != nil {
+					return fmt.Errorf("upload %s under a new key (%s is marked for deletion): %w", f.Name, key, err)
+				}
+				if sha != f.SHA256 {
+					return fmt.Errorf("upload %s again: its bytes hash to %s, not %s: snapshot files must be immutable", f.Name, sha, f.SHA256)
+				}
+				if f.Kind == manifests.Shared {
+					req.Presence.Saw(fresh, f.Size, time.Now())
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				res.BytesWritten += f.Size
+				for _, i := range idx {
+					res.Files[i].Key = fresh
+					if !res.Files[i].Uploaded {
+						res.Files[i].Uploaded = true
+						res.FilesReused--
+						res.FilesUploaded++
+					}
+				}
+				res.Rekeyed = append(res.Rekeyed, key)
+				return nil
+			})
+		}
+		if err := g.Wait(); err != nil {
+			return nil, err
+		}
+	}
+	return nil, fmt.Errorf("objects kept being marked for deletion while the checkpoint stored them under new keys")
 }

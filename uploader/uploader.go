@@ -79,6 +79,9 @@ type Result struct {
 	// Replaced lists the confirmed objects Presence found missing or of
 	// the wrong size, which this upload wrote again from the snapshot.
 	Replaced []Finding
+	// Rekeyed lists the keys marked for deletion by GC whose bytes
+	// AvoidMarked stored again under fresh keys.
+	Rekeyed []string
 }
 
 // Upload hashes, deduplicates and uploads a snapshot. It returns the
@@ -300,7 +303,13 @@ func (u *upload) dedup(f *manifests.File) bool {
 	id := f.ContentID()
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if key, ok := u.req.Confirmed[id]; (ok && key == f.Key) || u.claimed[id] {
+	if key, ok := u.req.Confirmed[id]; ok {
+		// A confirmed object may live under a fresh key (see AvoidMarked).
+		f.Key = key
+		u.res.FilesReused++
+		return false
+	}
+	if u.claimed[id] {
 		u.res.FilesReused++
 		return false
 	}

@@ -310,15 +310,19 @@ func runGC(ctx context.Context, args []string) error {
 	if *asJSON {
 		return printJSON(rep)
 	}
-	verb := "deleted"
+	verb, marked := "deleted", "marked"
 	if *dry {
-		verb = "would delete"
+		verb, marked = "would delete", "would mark"
 		for _, k := range rep.Deleted {
 			fmt.Println(k)
 		}
+		for _, k := range rep.Marked {
+			fmt.Println("mark", k)
+		}
 	}
-	fmt.Printf("%s %d objects (%d B); live: %d objects (%d B) in %d retained checkpoints\n",
-		verb, rep.DeletedObjects, rep.DeletedBytes, rep.LiveObjects, rep.LiveBytes, rep.RetainedCheckpoints)
+	fmt.Printf("%s %d objects (%d B); %s %d objects (%d B) for deletion by a collection at least %v later (%d marked earlier, pending); live: %d objects (%d B) in %d retained checkpoints\n",
+		verb, rep.DeletedObjects, rep.DeletedBytes, marked, rep.MarkedObjects, rep.MarkedBytes, manifests.MarkDelay(), rep.PendingObjects,
+		rep.LiveObjects, rep.LiveBytes, rep.RetainedCheckpoints)
 	return nil
 }
 

@@ -1,0 +1,346 @@
+package manifests
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ckpt-io/ckpt/storage"
+)
+
+// GCMarkDelay is D, the least time (by storage's clock) between a
+// collection marking an object for deletion and a later collection deleting
+// it. Writers commit within D/2 of their last look at the marks (see Guard).
+// Every agent and `ckpt gc` of a job must use the same D; only tests lower
+// it, with UnsafeGCMarkDelayEnv.
+const GCMarkDelay = 10 * time.Minute
+
+// UnsafeGCMarkDelayEnv names the environment variable that lowers
+// GCMarkDelay (a Go duration such as "0s"), for tests only: it must be the
+// same for every writer and collector of the job, and a D shorter than
+// twice the longest storage request makes the deferred deletion unsafe.
+const UnsafeGCMarkDelayEnv = "CKPT_UNSAFE_GC_MARK_DELAY"
+
+// MarkDelay returns D in effect: GCMarkDelay, or less when
+// UnsafeGCMarkDelayEnv lowers it.
+func MarkDelay() time.Duration {
+	if v := os.Getenv(UnsafeGCMarkDelayEnv); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 0 && d < GCMarkDelay {
+			return d
+		}
+	}
+	return GCMarkDelay
+}
+
+// gcLockHold is how long a collection that took the deletion lock may go
+// on sending deletes (by its own clock, from the moment it asked for the
+// lock); gcLockExpiry is the age (by storage's clock) after which another
+// collection may take the lock over. The gap covers the last delete's
+// flight and storage's one-second timestamps.
+const (
+	gcLockHold   = 5 * time.Minute
+	gcLockExpiry = 7 * time.Minute
+)
+
+// markBatch bounds the candidates one mark object names.
+const markBatch = 10000
+
+// GCPrefix is where collections keep their marks, lock and clock probe.
+func GCPrefix(job string) string { return job + "/gc/" }
+
+func marksPrefix(job string) string { return GCPrefix(job) + "marks/" }
+func lockPrefix(job string) string  { return GCPrefix(job) + "lock/" }
+func clockKey(job string) string    { return GCPrefix(job) + "clock" }
+
+// mark is the stored form of a mark: the objects one collection found
+// unreferenced and older than its grace, which a later collection deletes
+// if they are still unreferenced at least Delay after the mark was written.
+type mark struct {
+	Format     int            `json:"format"`
+	Delay      time.Duration  `json:"delay_ns"`
+	Candidates []markedObject `json:"candidates"`
+}
+
+type markedObject struct {
+	Key  string `json:"key"`
+	Size int64  `json:"size"`
+}
+
+// storedMark is a mark as found in storage. keys is nil when the object
+// could not be read as a mark: its candidates are unknown, so nothing is
+// deleted for it (and writers cannot honour it: see Guard).
+type storedMark struct {
+	key     string
+	modTime time.Time
+	delay   time.Duration
+	keys    map[string]int64
+}
+
+// ErrMarked is returned (wrapped) by CommitHeld when the manifest names an
+// object that was marked for deletion when the writer looked: nothing is
+// committed.
+var ErrMarked = errors.New("an object the manifest names is marked for deletion by GC")
+
+// markCache keeps parsed marks by key and time: marks are never rewritten.
+type markCache struct {
+	mu    sync.Mutex
+	marks map[string]storedMark
+}
+
+// read lists the marks of job and reads the new ones.
+func (c *markCache) read(ctx context.Context, s storage.Store, job string) ([]storedMark, error) {
+	var listed []storage.ObjectInfo
+	if err := s.List(ctx, marksPrefix(job), func(o storage.ObjectInfo) error {
+		listed = append(listed, o)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("list gc marks of job %s: %w", job, err)
+	}
+	c.mu.Lock()
+	if c.marks == nil {
+		c.marks = map[string]storedMark{}
+	}
+	known := c.marks
+	c.mu.Unlock()
+	out := make([]storedMark, 0, len(listed))
+	fresh := map[string]storedMark{}
+	for _, o := range listed {
+		c.mu.Lock()
+		m, ok := known[o.Key]
+		c.mu.Unlock()
+		if !ok || !m.modTime.Equal(o.ModTime) {
+			var err error
+			if m, err = readMark(ctx, s, o); err != nil {
+				if errors.Is(err, storage.ErrNotFound) {
+					continue // removed since the listing: its deletes are done
+				}
+				return nil, err
+			}
+		}
+		fresh[o.Key] = m
+		out = append(out, m)
+	}
+	c.mu.Lock()
+	c.marks = fresh
+	c.mu.Unlock()
+	return out, nil
+}
+
+func readMark(ctx context.Context, s storage.Store, o storage.ObjectInfo) (storedMark, error) {
+	m := storedMark{key: o.Key, modTime: o.ModTime}
+	rc, err := s.Get(ctx, o.Key)
+	if err != nil {
+		return m, fmt.Errorf("read gc mark: %w", err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
+	if err != nil {
+		return m, fmt.Errorf("read gc mark %s: %w", o.Key, err)
+	}
+	var body mark
+	if json.Unmarshal(data, &body) != nil || body.Format != 1 || len(data) > MaxManifestBytes {
+		return m, nil // unreadable: nothing is deleted for it
+	}
+	m.delay = body.Delay
+	m.keys = make(map[string]int64, len(body.Candidates))
+	for _, c := range body.Candidates {
+		m.keys[c.Key] = c.Size
+	}
+	return m, nil
+}
+
+// writeMarks stores the candidates as marks of at most markBatch objects.
+func writeMarks(ctx context.Context, s storage.Store, job string, delay time.Duration, cands []storage.ObjectInfo) error {
+	for len(cands) > 0 {
+		n := min(markBatch, len(cands))
+		body := mark{Format: 1, Delay: delay}
+		for _, o := range cands[:n] {
+			body.Candidates = append(body.Candidates, markedObject{Key: o.Key, Size: o.Size})
+		}
+		cands = cands[n:]
+		data, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		key := marksPrefix(job) + strconv.FormatInt(time.Now().UnixNano(), 10) + "-" + randomHex(4)
+		if err := s.Create(ctx, key, bytes.NewReader(data), int64(len(data))); err != nil {
+			return fmt.Errorf("gc: write mark: %w", err)
+		}
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// freshSuffixLen is the length of the random suffix of a fresh key.
+const freshSuffixLen = 16
+
+// FreshKey returns key with a random suffix: a new object for bytes whose
+// usual key is marked for deletion. Manifests accept it for their files
+// (see Validate); GC treats it as any other object.
+func FreshKey(key string) string { return key + "." + randomHex(freshSuffixLen/2) }
+
+// isKeyOrFresh reports whether key is want or FreshKey(want).
+func isKeyOrFresh(key, want string) bool {
+	if key == want {
+		return true
+	}
+	rest, ok := strings.CutPrefix(key, want+".")
+	return ok && len(rest) == freshSuffixLen && validHex(rest)
+}
+
+func validHex(s string) bool {
+	_, err := hex.DecodeString(s)
+	return err == nil && strings.ToLower(s) == s
+}
+
+// storageNow reads storage's clock: it writes the job's clock probe and
+// returns the time storage gives it, with the local time taken just before.
+func storageNow(ctx context.Context, s storage.Store, job string) (time.Time, error) {
+	if err := s.Put(ctx, clockKey(job), bytes.NewReader(nil), 0); err != nil {
+		return time.Time{}, fmt.Errorf("gc: read storage's clock: %w", err)
+	}
+	info, err := s.Stat(ctx, clockKey(job))
+	if err != nil {
+		return time.Time{}, fmt.Errorf("gc: read storage's clock: %w", err)
+	}
+	return info.ModTime, nil
+}
+
+// takeLock takes the job's deletion lock: the next generation of
+// <job>/gc/lock/<gen>, by conditional create, when no generation exists or
+// the newest is older than gcLockExpiry at storage time now. It returns the
+// key held ("" when another collection holds the lock).
+func takeLock(ctx context.Context, s storage.Store, job string, now time.Time) (string, error) {
+	var newest storage.ObjectInfo
+	var gen uint64
+	var all []string
+	if err := s.List(ctx, lockPrefix(job), func(o storage.ObjectInfo) error {
+		all = append(all, o.Key)
+		if g, err := strconv.ParseUint(strings.TrimPrefix(o.Key, lockPrefix(job)), 10, 64); err == nil && g >= gen {
+			gen, newest = g, o
+		}
+		return nil
+	}); err != nil {
+		return "", fmt.Errorf("gc: read the deletion lock: %w", err)
+	}
+	if newest.Key != "" && now.Sub(newest.ModTime) < gcLockExpiry {
+		return "", nil
+	}
+	key := fmt.Sprintf("%s%020d", lockPrefix(job), gen+1)
+	err := s.Create(ctx, key, bytes.NewReader(nil), 0)
+	if errors.Is(err, storage.ErrExists) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("gc: take the deletion lock: %w", err)
+	}
+	sort.Strings(all)
+	if len(all) > 0 {
+		s.Delete(ctx, all...) // expired generations: best effort
+	}
+	return key, nil
+}
+
+// Guard is the writer's side of deferred deletion: before a manifest is
+// committed, it names the objects that collections have marked for
+// deletion, so the writer references none of them (it stores those bytes
+// under a FreshKey instead), and it bounds the time from that look to the
+// commit by D/2 (see the package documentation of GC for why).
+//
+// A Guard is safe for concurrent use and caches the marks it has read.
+type Guard struct {
+	store storage.Store
+	job   string
+	// Delay is D (MarkDelay() by default); commits happen within Delay/2
+	// of the last Check.
+	Delay time.Duration
+	// Now is the writer's clock, used only to measure durations
+	// (time.Now by default, whose readings carry a monotonic clock).
+	Now   func() time.Time
+	cache markCache
+}
+
+// NewGuard returns the guard of writers of job in s.
+func NewGuard(s storage.Store, job string) *Guard {
+	return &Guard{store: s, job: job, Delay: MarkDelay(), Now: time.Now}
+}
+
+// Hold is one look at the marks: the keys marked then, and when the look
+// started.
+type Hold struct {
+	g       *Guard
+	at      time.Time
+	pending map[string]bool
+}
+
+// Check reads the marks. The hold it returns is valid for Delay/2 from
+// the moment Check was called.
+func (g *Guard) Check(ctx context.Context) (*Hold, error) {
+	at := g.Now()
+	marks, err := g.cache.read(ctx, g.store, g.job)
+	if err != nil {
+		return nil, err
+	}
+	h := &Hold{g: g, at: at, pending: map[string]bool{}}
+	for _, m := range marks {
+		for k := range m.keys {
+			h.pending[k] = true
+		}
+	}
+	return h, nil
+}
+
+// Pending reports whether key was marked for deletion when h was taken.
+func (h *Hold) Pending(key string) bool { return h.pending[key] }
+
+// Expired reports whether more than Delay/2 passed since h was taken: a
+// commit must look at the marks again first.
+func (h *Hold) Expired() bool { return h.g.Now().Sub(h.at) > h.g.Delay/2 }
+
+// Conflicts returns the object keys of m marked for deletion in h.
+func (h *Hold) Conflicts(m *Manifest) []string {
+	var out []string
+	for _, f := range m.Files {
+		if f.Key != "" && h.pending[f.Key] {
+			out = append(out, f.Key)
+		}
+	}
+	return out
+}
+
+// ErrStale is returned (wrapped) by CommitHeld when more than D/2 passed
+// since the writer looked at the marks: a collection may have deleted, and
+// then stopped marking, an object the manifest names. Nothing is
+// committed; the checkpoint may be retried.
+var ErrStale = errors.New("too long since the writer looked at GC's marks")
+
+// CommitHeld is Commit for a writer that took hold (Guard.Check) after its
+// objects were uploaded, and references no object marked then. It commits
+// only within Delay/2 of that look; later, it commits nothing and returns
+// an error wrapping ErrStale. (Looking again would not do: a collection
+// removes a mark once it deleted the mark's objects.)
+func CommitHeld(ctx context.Context, s storage.Store, m *Manifest, encoded []byte, hold *Hold) error {
+	if c := hold.Conflicts(m); len(c) > 0 {
+		return fmt.Errorf("commit %s checkpoint %d: %s: %w", m.Task, m.Checkpoint, c[0], ErrMarked)
+	}
+	if hold.Expired() {
+		return fmt.Errorf("commit %s checkpoint %d: %v passed since: %w", m.Task, m.Checkpoint, hold.g.Now().Sub(hold.at).Round(time.Millisecond), ErrStale)
+	}
+	return Commit(ctx, s, m, encoded)
+}
