@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"io"
+	"log"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -90,7 +91,8 @@ func startFaultProxyMix(t *testing.T, target string, seed uint64, mix faultMix) 
 			r.Out.Host = r.In.Host // signed by SigV4
 		},
 		Transport: p.tr,
-		ErrorLog:  nil,
+		// A client that goes away mid-request (a killed agent) is expected.
+		ErrorLog: log.New(io.Discard, "", 0),
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

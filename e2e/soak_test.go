@@ -159,15 +159,6 @@ func (l *soakLedger) complete(n uint64, ev client.Event) {
 	}
 }
 
-func (l *soakLedger) failedTotal() (n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, c := range l.failed {
-		n += c
-	}
-	return n
-}
-
 func (l *soakLedger) addLost(format string, args ...any) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -489,8 +480,10 @@ func TestSoak(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	// The checker looks at storage every few seconds while the app runs.
+	// The checker looks at storage every few seconds while the app runs,
+	// and right after each restart of the agent (nudge).
 	checkCtx, stopChecks := context.WithCancel(ctx)
+	nudge := make(chan struct{}, 1)
 	var checkErrs []string
 	checkerDone := make(chan struct{})
 	go func() {
@@ -503,6 +496,7 @@ func TestSoak(t *testing.T) {
 			case <-checkCtx.Done():
 				return
 			case <-tick.C:
+			case <-nudge:
 			}
 			if err := s.check(checkCtx, crng); err != nil && checkCtx.Err() == nil {
 				checkErrs = append(checkErrs, err.Error())
@@ -585,6 +579,10 @@ func TestSoak(t *testing.T) {
 				time.Since(start).Seconds(), kills, s.lives, inflight, gap.Round(time.Millisecond))
 			s.startAgent()
 			nextKil = time.Now().Add(gap)
+			select {
+			case nudge <- struct{}{}:
+			default:
+			}
 		}
 		<-tick.C
 	}
