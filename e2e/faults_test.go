@@ -2,199 +2,15 @@ package e2e
 
 import (
 	"fmt"
-	"io"
-	"math/rand/v2"
-	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
-	"sort"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/ckpt-io/ckpt/internal/testservers"
 )
-
-// fault is what the proxy does to one request.
-type fault string
-
-const (
-	faultNone        fault = "forwarded"
-	faultSlowDown    fault = "503 SlowDown"
-	faultInternal    fault = "500 InternalError"
-	faultResetBefore fault = "reset before forwarding"
-	faultResetAfter  fault = "reset after forwarding (response lost)"
-	faultLatency     fault = "delayed"
-)
-
-// faultProxy is a loopback HTTP proxy in front of an S3 server that fails
-// a seeded share of requests the way S3 and networks do: 503 SlowDown and
-// 500 InternalError answers with S3's XML error bodies, connections reset
-// before the request reaches the server or after the server applied it
-// (the client never sees the answer), and bounded latency. It keeps the
-// client's Host header, so SigV4 signatures stay valid.
-type faultProxy struct {
-	target *url.URL
-	rp     *httputil.ReverseProxy
-	tr     *http.Transport
-	url    string
-
-	mu      sync.Mutex
-	rng     *rand.Rand
-	enabled bool
-	// rule, when set, decides the fault of a request before the random mix
-	// (ok false: no decision).
-	rule   func(r *http.Request) (f fault, ok bool)
-	counts map[fault]int
-	log    []string // the faults injected, by request
-}
-
-func startFaultProxy(t *testing.T, target string, seed uint64) *faultProxy {
-	t.Helper()
-	u, err := url.Parse(target)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &faultProxy{target: u, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), counts: map[fault]int{},
-		tr: &http.Transport{MaxIdleConnsPerHost: 16}}
-	p.rp = &httputil.ReverseProxy{
-		Rewrite: func(r *httputil.ProxyRequest) {
-			r.SetURL(u)
-			r.Out.Host = r.In.Host // signed by SigV4
-		},
-		Transport: p.tr,
-		ErrorLog:  nil,
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.url = "http://" + l.Addr().String()
-	srv := &http.Server{Handler: p}
-	go srv.Serve(l)
-	t.Cleanup(func() {
-		srv.Close()
-		p.tr.CloseIdleConnections()
-	})
-	return p
-}
-
-// set enables or disables the random faults and sets the rule.
-func (p *faultProxy) set(enabled bool, rule func(*http.Request) (fault, bool)) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.enabled, p.rule = enabled, rule
-}
-
-// summary returns the injected faults by kind.
-func (p *faultProxy) summary() string {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var parts []string
-	for f, n := range p.counts {
-		parts = append(parts, fmt.Sprintf("%s: %d", f, n))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
-}
-
-// pick decides a request's fault: the rule first, then the seeded mix
-// (about 16% of requests fail, 10% more are delayed up to 150 ms).
-func (p *faultProxy) pick(r *http.Request) (fault, time.Duration) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	f := faultNone
-	var delay time.Duration
-	if p.rule != nil {
-		if rf, ok := p.rule(r); ok {
-			f = rf
-		}
-	}
-	if f == faultNone && p.enabled {
-		switch x := p.rng.Float64(); {
-		case x < 0.06:
-			f = faultSlowDown
-		case x < 0.10:
-			f = faultInternal
-		case x < 0.13:
-			f = faultResetBefore
-		case x < 0.16:
-			f = faultResetAfter
-		case x < 0.26:
-			f = faultLatency
-			delay = time.Duration(p.rng.Int64N(int64(150 * time.Millisecond)))
-		}
-	}
-	p.counts[f]++
-	if f != faultNone {
-		p.log = append(p.log, fmt.Sprintf("%s %s: %s", r.Method, r.URL.Path, f))
-	}
-	return f, delay
-}
-
-func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	f, delay := p.pick(r)
-	switch f {
-	case faultSlowDown:
-		s3Error(w, http.StatusServiceUnavailable, "SlowDown", "Please reduce your request rate.")
-	case faultInternal:
-		s3Error(w, http.StatusInternalServerError, "InternalError", "We encountered an internal error. Please try again.")
-	case faultResetBefore:
-		resetConn(w)
-	case faultResetAfter:
-		out := r.Clone(r.Context())
-		out.RequestURI = ""
-		out.URL.Scheme, out.URL.Host = p.target.Scheme, p.target.Host
-		out.Host = r.Host
-		if r.ContentLength == 0 {
-			out.Body = http.NoBody
-		}
-		resp, err := p.tr.RoundTrip(out)
-		if err == nil {
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-		}
-		resetConn(w)
-	case faultLatency:
-		time.Sleep(delay)
-		p.rp.ServeHTTP(w, r)
-	default:
-		p.rp.ServeHTTP(w, r)
-	}
-}
-
-// s3Error answers with an S3 error document.
-func s3Error(w http.ResponseWriter, status int, code, msg string) {
-	w.Header().Set("Content-Type", "application/xml")
-	w.Header().Set("Connection", "close")
-	w.WriteHeader(status)
-	fmt.Fprintf(w, `<?xml version="1.0" encoding="UTF-8"?>`+"\n"+`<Error><Code>%s</Code><Message>%s</Message><RequestId>fault-injected</RequestId></Error>`, code, msg)
-}
-
-// resetConn closes the client's connection with a TCP reset.
-func resetConn(w http.ResponseWriter) {
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		panic("faultProxy: no hijacker")
-	}
-	conn, _, err := hj.Hijack()
-	if err != nil {
-		return
-	}
-	if tc, ok := conn.(*net.TCPConn); ok {
-		tc.SetLinger(0)
-	}
-	conn.Close()
-}
-
-// isManifestPut matches the commit of a checkpoint: the manifest's PUT.
-func isManifestPut(r *http.Request) bool {
-	return r.Method == http.MethodPut && manifestRE.MatchString(r.URL.Path)
-}
 
 func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t *testing.T) {
 	srv := testservers.S3(t)
@@ -329,9 +145,7 @@ func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t 
 	target, _, _ := direct.restoreFromStorage(t, job, task)
 	requireSameFiles(t, snap, target)
 	if t.Failed() {
-		proxy.mu.Lock()
-		t.Logf("fault log:\n%s", strings.Join(proxy.log, "\n"))
-		proxy.mu.Unlock()
+		t.Logf("fault log:\n%s", proxy.faultLog())
 	}
 }
 
