@@ -565,6 +565,7 @@ func restored(res *restore.Result) *protocol.Restored {
 		Files: res.Files, Bytes: res.Bytes, BytesLocal: res.BytesLocal, BytesRemote: res.BytesRemote,
 		FilesLocal: res.FilesLocal, FilesRemote: res.FilesRemote, LocalFallbacks: res.LocalFallbacks,
 		LocalVerification: res.LocalVerification, Moved: res.Moved, DurationMS: res.DurationMS, Target: res.Target,
+		LocalRecordError: res.LocalRecordError,
 	}
 }
 

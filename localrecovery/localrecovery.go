@@ -471,6 +471,7 @@ func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, 
 	p := s.manifestPath(task, n)
 	tmp := p + ".tmp"
 	if err := os.WriteFile(tmp, manifest, 0o640); err != nil {
+		os.Remove(tmp) // a partial record, which no later run would remove
 		return nil, fmt.Errorf("local store: %w", err)
 	}
 	if err := os.Rename(tmp, p); err != nil {

@@ -101,6 +101,12 @@ type Result struct {
 	Moved      bool   `json:"moved,omitempty"`
 	DurationMS int64  `json:"duration_ms"`
 	Target     string `json:"target,omitempty"`
+	// LocalRecordError says why the restored checkpoint could not be
+	// recorded in the local dir (full, read-only): the restore succeeded,
+	// but the next checkpoint hashes every restored file again (it uploads
+	// none of them) and the next restore on this node fetches from
+	// storage. Empty when it was recorded, or there is no local dir.
+	LocalRecordError string `json:"local_record_error,omitempty"`
 
 	wait func()
 }
@@ -334,9 +340,12 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 		// (When every file came from the local copy of n, that copy already
 		// says so, and its shared files are the target's inodes.) Without a
 		// path to the placed target (see placedPath) nothing is recorded.
+		// The store is in place by now: a local dir that cannot record it
+		// (full, read-only) costs the next checkpoint a hash of every file,
+		// not the restore, and is reported beside the result.
 		if p := r.placedPath(); p != "" {
 			if _, err := r.ls.Adopt(o.Task, m, r.encoded, p); err != nil {
-				return fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
+				res.LocalRecordError = fmt.Sprintf("the restore was not recorded in the local dir %s: %v", o.LocalDir, err)
 			}
 		}
 	}
@@ -437,6 +446,12 @@ func (r *restorer) place() error {
 	}
 	r.placed = true
 	if err := fsutil.SyncOpenDir(r.parent); err != nil {
+		// The rename may not be durable, and the caller is told the
+		// restore failed: take the target back rather than leave a store
+		// that a crash may or may not keep.
+		if unix.Renameat2(int(r.parent.Fd()), r.base, int(r.parent.Fd()), r.tmpName, unix.RENAME_NOREPLACE) == nil {
+			r.placed = false
+		}
 		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(r.target), err)
 	}
 	return nil
