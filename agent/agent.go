@@ -108,7 +108,8 @@ type Config struct {
 	// confined to its allowed roots, and returns what it did, which the
 	// restored event carries. An error wrapping a *protocol.Error fails the
 	// op with its code; restore.ErrNoCheckpoint gives not_found,
-	// restore.ErrTargetNotEmpty conflict, anything else internal. nil makes
+	// restore.ErrTargetNotEmpty conflict, a full disk (ENOSPC, EDQUOT)
+	// unavailable, anything else (EIO, EROFS included) internal. nil makes
 	// the op answer unavailable. parent is target's parent directory, opened
 	// under an allowed root (filepath.Dir(target) is only its name): the
 	// restore must create and place target relative to it
@@ -611,6 +612,8 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 				code = protocol.CodeNotFound
 			case errors.Is(err, restore.ErrTargetNotEmpty):
 				code = protocol.CodeConflict
+			case diskFull(err):
+				code = protocol.CodeUnavailable // free space, then retry: nothing was placed
 			}
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &protocol.Error{Code: code, Message: err.Error()}})
 			return
