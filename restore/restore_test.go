@@ -422,3 +422,13 @@ func TestARestoreIntoAnOpenParentNeverWalksTheTargetPath(t *testing.T) {
 	e.sameAsSnapshot()
 	e.noDebris("db")
 }
+
+// nothingVisible checks that a failed restore left no target and nothing
+// else beside it (no temporary directory).
+func (e *env) nothingVisible() {
+	e.t.Helper()
+	if _, err := os.Lstat(e.target); !errors.Is(err, os.ErrNotExist) {
+		e.t.Fatalf("a failed restore left its target: %v", err)
+	}
+	e.noDebris()
+}
