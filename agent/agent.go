@@ -112,7 +112,8 @@ type Config struct {
 	// agent has confined to its allowed roots, and returns what it did,
 	// which the restored event carries. An error wrapping a
 	// *protocol.Error fails the op with its code; restore.ErrNoCheckpoint
-	// gives not_found, restore.ErrTargetNotEmpty conflict, anything else
+	// gives not_found, restore.ErrTargetNotEmpty conflict, a full disk
+	// (ENOSPC, EDQUOT) unavailable, anything else (EIO, EROFS included)
 	// internal. nil makes the op answer unavailable.
 	Restore func(ctx context.Context, r RestoreRequest) (*restore.Result, error)
 
@@ -639,6 +640,8 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 				code = protocol.CodeNotFound
 			case errors.Is(err, restore.ErrTargetNotEmpty):
 				code = protocol.CodeConflict
+			case diskFull(err):
+				code = protocol.CodeUnavailable // free space, then retry: nothing was placed
 			}
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &protocol.Error{Code: code, Message: err.Error()}})
 			return

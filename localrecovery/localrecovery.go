@@ -37,6 +37,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/manifests"
 )
@@ -232,13 +233,16 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 	defer to.Close()
 	sfd, dfd := src.Fd(), int(to.Fd())
 	for _, name := range names {
-		err := unix.Linkat(sfd, name, dfd, name, 0)
+		err := failpoint.Error(failpoint.LocalWrite)
+		if err == nil {
+			err = unix.Linkat(sfd, name, dfd, name, 0)
+		}
 		if err == nil {
 			continue
 		}
 		if !errors.Is(err, unix.EXDEV) {
 			os.RemoveAll(dst)
-			return nil, fmt.Errorf("link %s into the local store: %w", name, err)
+			return nil, fmt.Errorf("link %s into the local store %s: %w", name, dst, err)
 		}
 		if err := copyAt(src.File(), to, name, dirSt.Uid); err != nil {
 			os.RemoveAll(dst)
@@ -246,7 +250,7 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 			if errors.As(err, &bad) {
 				return nil, err
 			}
-			return nil, fmt.Errorf("copy %s into the local store: %w", name, err)
+			return nil, fmt.Errorf("copy %s into the local store %s: %w", name, dst, err)
 		}
 		sn.Copied++
 		if sn.copied == nil {
@@ -261,6 +265,9 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 // there only if it is the directory that was opened and listed (dir): a
 // peer that swapped the name in between gets its entry back.
 func handOff(parent *os.File, name string, to *os.File, chk string, dir *unix.Stat_t) bool {
+	if failpoint.Error(failpoint.LocalRename) != nil {
+		return false
+	}
 	if unix.Renameat(int(parent.Fd()), name, int(to.Fd()), chk) != nil {
 		return false
 	}
@@ -296,6 +303,10 @@ func copyAt(dir, to *os.File, name string, owner uint32) error {
 		return err
 	}
 	out := os.NewFile(uintptr(fd), name)
+	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
+		out.Close()
+		return err
+	}
 	if _, err := io.Copy(out, in); err != nil {
 		out.Close()
 		return err
@@ -409,6 +420,10 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
+	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
+		out.Close()
+		return err
+	}
 	if _, err := io.Copy(out, in); err != nil {
 		out.Close()
 		return err
@@ -451,13 +466,24 @@ func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, 
 	if err != nil {
 		return nil, fmt.Errorf("local store: %w", err)
 	}
+	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
+		return nil, fmt.Errorf("local store: %w", &os.PathError{Op: "write", Path: s.idsPath(task, n), Err: err})
+	}
 	if err := os.WriteFile(s.idsPath(task, n), idsJSON, 0o640); err != nil {
 		return nil, fmt.Errorf("local store: %w", err)
 	}
 	p := s.manifestPath(task, n)
 	tmp := p + ".tmp"
+	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
+		return nil, fmt.Errorf("local store: %w", &os.PathError{Op: "write", Path: tmp, Err: err})
+	}
 	if err := os.WriteFile(tmp, manifest, 0o640); err != nil {
+		os.Remove(tmp) // a partial record, which no later run would remove
 		return nil, fmt.Errorf("local store: %w", err)
+	}
+	if err := failpoint.Error(failpoint.LocalRename); err != nil {
+		os.Remove(tmp)
+		return nil, fmt.Errorf("local store: %w", &os.LinkError{Op: "rename", Old: tmp, New: p, Err: err})
 	}
 	if err := os.Rename(tmp, p); err != nil {
 		os.Remove(tmp)
@@ -731,7 +757,9 @@ func fill(dst, src string, m *manifests.Manifest, shared, private bool) int {
 		var err error
 		switch {
 		case f.Kind == manifests.Shared && shared:
-			err = os.Link(from, to)
+			if err = failpoint.Error(failpoint.LocalWrite); err == nil {
+				err = os.Link(from, to)
+			}
 		case f.Kind != manifests.Shared && private:
 			err = copyFile(from, to)
 		default:

@@ -124,6 +124,9 @@ type Restored struct {
 	DurationMS int64 `json:"duration_ms"`
 	// Target is the directory restored into.
 	Target string `json:"target,omitempty"`
+	// LocalRecordError says why the restore could not be recorded in the
+	// agent's local dir; the restore itself succeeded.
+	LocalRecordError string `json:"local_record_error,omitempty"`
 }
 
 // wireEvent is an Event as encoded: a pointer field is present, even

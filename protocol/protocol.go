@@ -40,12 +40,14 @@ const (
 	// checkpoint number, a non-empty restore target, a fenced agent).
 	CodeConflict = "conflict"
 	// CodeUnavailable: the agent cannot serve the request now (queue full,
-	// storage outage, shutdown, an op it does not serve); retry later.
+	// storage outage, shutdown, an op it does not serve, a full local dir
+	// or restore target: ENOSPC, EDQUOT); retry later.
 	CodeUnavailable = "unavailable"
 	// CodeForbidden: the peer's credentials do not allow this job, task or
 	// directory.
 	CodeForbidden = "forbidden"
-	// CodeInternal: anything else.
+	// CodeInternal: anything else, EIO and EROFS on the local dir or a
+	// restore target included (the message names the directory).
 	CodeInternal = "internal"
 )
 

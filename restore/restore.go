@@ -27,6 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
@@ -260,8 +261,11 @@ func (r *restorer) move(res *Result) error {
 	r.tmpDir = lent
 	for _, f := range m.Files {
 		if f.Kind != manifests.Shared {
+			if err := failpoint.Error(failpoint.LocalSync); err != nil {
+				return fmt.Errorf("restore: fsync %s: %w", filepath.Join(r.tmp, f.Name), err)
+			}
 			if err := fsutil.SyncFile(filepath.Join(r.tmp, f.Name)); err != nil {
-				return fmt.Errorf("restore: fsync %s: %w", f.Name, err)
+				return fmt.Errorf("restore: fsync %s: %w", filepath.Join(r.tmp, f.Name), err)
 			}
 		}
 	}
@@ -325,9 +329,12 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 		// (When every file came from the local copy of n, that copy already
 		// says so, and its shared files are the target's inodes.) Without a
 		// path to the placed target (see placedPath) nothing is recorded.
+		// The store is in place by now: a local dir that cannot record it
+		// (full, read-only) costs the next checkpoint a hash of every file,
+		// not the restore, and is reported beside the result.
 		if p := r.placedPath(); p != "" {
 			if _, err := r.ls.Adopt(o.Task, m, r.encoded, p); err != nil {
-				return fmt.Errorf("restore: record the restored checkpoint in the local dir: %w", err)
+				res.LocalRecordError = fmt.Sprintf("the restore was not recorded in the local dir %s: %v", o.LocalDir, err)
 			}
 		}
 	}
@@ -420,14 +427,31 @@ func (r *restorer) makeTemp() error {
 // appears whole or not at all; an empty directory already there is
 // replaced.
 func (r *restorer) place() error {
+	if err := failpoint.Error(failpoint.LocalSync); err != nil {
+		return fmt.Errorf("restore: fsync %s: %w", r.tmp, err)
+	}
 	if err := fsutil.SyncOpenDir(r.tmpDir); err != nil {
 		return fmt.Errorf("restore: fsync %s: %w", r.tmp, err)
 	}
-	if err := unix.Renameat(int(r.parent.Fd()), r.tmpName, int(r.parent.Fd()), r.base); err != nil {
+	err := failpoint.Error(failpoint.LocalRename)
+	if err == nil {
+		err = unix.Renameat(int(r.parent.Fd()), r.tmpName, int(r.parent.Fd()), r.base)
+	}
+	if err != nil {
 		return fmt.Errorf("restore: move the verified store into place at %s: %w", r.target, err)
 	}
 	r.placed = true
-	if err := fsutil.SyncOpenDir(r.parent); err != nil {
+	err = failpoint.Error(failpoint.LocalSync)
+	if err == nil {
+		err = fsutil.SyncOpenDir(r.parent)
+	}
+	if err != nil {
+		// The rename may not be durable, and the caller is told the
+		// restore failed: take the target back rather than leave a store
+		// that a crash may or may not keep.
+		if unix.Renameat2(int(r.parent.Fd()), r.base, int(r.parent.Fd()), r.tmpName, unix.RENAME_NOREPLACE) == nil {
+			r.placed = false
+		}
 		return fmt.Errorf("restore: fsync %s: %w", filepath.Dir(r.target), err)
 	}
 	return nil
@@ -582,7 +606,10 @@ func fromLocal(local *localrecovery.Local, ldir, tmp *os.File, f manifests.File,
 		}
 	}
 	if f.Kind == manifests.Shared {
-		err := unix.Linkat(int(ldir.Fd()), f.Name, int(tmp.Fd()), f.Name, 0)
+		err := failpoint.Error(failpoint.LocalWrite)
+		if err == nil {
+			err = unix.Linkat(int(ldir.Fd()), f.Name, int(tmp.Fd()), f.Name, 0)
+		}
 		if err == nil {
 			var st unix.Stat_t
 			want := fi.Sys().(*syscall.Stat_t)
@@ -594,7 +621,7 @@ func fromLocal(local *localrecovery.Local, ldir, tmp *os.File, f manifests.File,
 			return false, nil
 		}
 		if !errors.Is(err, syscall.EXDEV) {
-			return false, err
+			return false, &os.LinkError{Op: "link", Old: filepath.Join(ldir.Name(), f.Name), New: filepath.Join(tmp.Name(), f.Name), Err: err}
 		}
 	}
 	if err := writeVerified(tmp, f.Name, in, f, nil); err != nil {
@@ -636,11 +663,12 @@ func (r *sliceReader) Read(p []byte) (int, error) {
 // through a symlink) while hashing, then checks size and SHA-256 and
 // fsyncs.
 func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, progress func(int64)) error {
+	full := filepath.Join(dir.Name(), name) // for messages: a write error names the directory
 	fd, err := unix.Openat(int(dir.Fd()), name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
 	if err != nil {
-		return &os.PathError{Op: "create", Path: name, Err: err}
+		return &os.PathError{Op: "create", Path: full, Err: err}
 	}
-	out := os.NewFile(uintptr(fd), name)
+	out := os.NewFile(uintptr(fd), full)
 	defer out.Close()
 	h := sha256.New()
 	w := io.MultiWriter(out, h)
@@ -653,6 +681,9 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 		if k > 0 {
 			if n+int64(k) > f.Size {
 				return fmt.Errorf("object is larger than the %d bytes the manifest says", f.Size)
+			}
+			if err := failpoint.Error(failpoint.LocalWrite); err != nil {
+				return &os.PathError{Op: "write", Path: full, Err: err}
 			}
 			if _, err := w.Write(buf[:k]); err != nil {
 				return err
@@ -678,6 +709,9 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 	// Each file is made durable by its own worker, in parallel. (One
 	// syncfs(2) for the whole tree would wait for every dirty page of the
 	// filesystem, the app's included: measured twice as slow on a busy node.)
+	if err := failpoint.Error(failpoint.LocalSync); err != nil {
+		return &os.PathError{Op: "sync", Path: full, Err: err}
+	}
 	if err := out.Sync(); err != nil {
 		return err
 	}

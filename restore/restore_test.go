@@ -442,3 +442,13 @@ func unchanged(l *localrecovery.Local, name string) bool {
 	fi, err := os.Lstat(l.Path(name))
 	return err == nil && l.UnchangedInfo(name, fi)
 }
+
+// nothingVisible checks that a failed restore left no target and nothing
+// else beside it (no temporary directory).
+func (e *env) nothingVisible() {
+	e.t.Helper()
+	if _, err := os.Lstat(e.target); !errors.Is(err, os.ErrNotExist) {
+		e.t.Fatalf("a failed restore left its target: %v", err)
+	}
+	e.noDebris()
+}

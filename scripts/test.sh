@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # The test suite: every package, with the race detector on the packages
 # whose concurrency matters most (agent, uploader, manifests), and the
-# end-to-end tests that build the ckpt binary and run it as a process.
+# end-to-end tests that build the ckpt binary and run it as a process,
+# then the failpoint build of the packages the disk-fault suite covers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go test -count=1 -timeout 15m ./...
 go test -count=1 -race -timeout 10m ./agent/ ./uploader/ ./manifests/
+# The disk-fault suite: failpoints fail local writes, fsyncs and renames
+# with ENOSPC, EIO and EROFS (compiled in only with this tag).
+go test -count=1 -timeout 10m -tags ckpt_failpoints ./localrecovery/ ./restore/ ./agent/ ./internal/failpoint/

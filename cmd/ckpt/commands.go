@@ -57,6 +57,9 @@ func runRestore(ctx context.Context, args []string) error {
 		return err
 	}
 	defer res.Wait() // the local copy, re-created after a move
+	if res.LocalRecordError != "" {
+		fmt.Fprintf(os.Stderr, "warning: %s\n", res.LocalRecordError)
+	}
 	if *asJSON {
 		return printJSON(res)
 	}

@@ -45,6 +45,17 @@ func load() {
 	jitter, _ = time.ParseDuration(os.Getenv("CKPT_FAILPOINT_JITTER"))
 }
 
+// Reset reads the environment again, forgetting the hits counted so far:
+// a test hook for tests that arm failpoints with t.Setenv (the environment
+// is otherwise read once per process). Call it after each change of
+// CKPT_FAILPOINT*, and again once the test restored the environment.
+func Reset() {
+	once.Do(func() {})
+	mu.Lock()
+	defer mu.Unlock()
+	load()
+}
+
 // fire returns the action armed at name if this hit should act on it.
 func fire(name string) string {
 	once.Do(load)

@@ -4,7 +4,6 @@ package failpoint
 
 import (
 	"errors"
-	"sync"
 	"syscall"
 	"testing"
 )
@@ -12,7 +11,8 @@ import (
 func TestErrorsAreArmedFromTheEnvironment(t *testing.T) {
 	t.Setenv("CKPT_FAILPOINT", LocalSync+"=ENOSPC,"+LocalRename+"=EIO")
 	t.Setenv("CKPT_FAILPOINT_AFTER", "1")
-	once = sync.Once{}
+	t.Cleanup(Reset)
+	Reset()
 	if err := Error(LocalSync); err != nil {
 		t.Fatalf("first hit should be skipped: %v", err)
 	}
@@ -25,5 +25,20 @@ func TestErrorsAreArmedFromTheEnvironment(t *testing.T) {
 	}
 	if err := Error(LocalWrite); err != nil {
 		t.Fatalf("unarmed point: %v", err)
+	}
+}
+
+// Reset re-reads the environment: a point armed, then disarmed.
+func TestResetRereadsTheEnvironment(t *testing.T) {
+	t.Cleanup(Reset)
+	t.Setenv("CKPT_FAILPOINT", LocalWrite+"=EROFS")
+	Reset()
+	if err := Error(LocalWrite); !errors.Is(err, syscall.EROFS) {
+		t.Fatalf("armed: %v, want EROFS", err)
+	}
+	t.Setenv("CKPT_FAILPOINT", "")
+	Reset()
+	if err := Error(LocalWrite); err != nil {
+		t.Fatalf("disarmed: %v", err)
 	}
 }
