@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"syscall"
+	"time"
 
 	gcs "cloud.google.com/go/storage"
 	"google.golang.org/api/googleapi"
@@ -19,14 +21,27 @@ import (
 // used (see storage.OpenError).
 type OpenError = storage.OpenError
 
-// probe reads the bucket's metadata once, without retries, and explains a
-// failure.
+// probe reads the bucket's metadata and explains a failure. A server that
+// is down or refuses the request fails at once; an answer that says "try
+// again" (5xx, 429, a reset connection) is asked again a few times within
+// the probe timeout, so one transient fault does not stop an agent from
+// starting.
 func (s *Store) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	_, err := s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(pctx)
-	if err == nil {
-		return nil
+	var err error
+	for attempt, delay := 1, 200*time.Millisecond; ; attempt, delay = attempt+1, 2*delay {
+		_, err = s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(pctx)
+		if err == nil {
+			return nil
+		}
+		if attempt == probeAttempts || !probeTransient(err) || pctx.Err() != nil {
+			break
+		}
+		select {
+		case <-pctx.Done():
+		case <-time.After(delay):
+		}
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("gs bucket %q: %w", s.name, ctx.Err())
@@ -66,4 +81,16 @@ func rootCause(err error) string {
 		}
 		err = next
 	}
+}
+
+// probeAttempts bounds the start-up probe's requests.
+const probeAttempts = 4
+
+// probeTransient reports an answer worth asking again at start-up.
+func probeTransient(err error) bool {
+	var ge *googleapi.Error
+	if errors.As(err, &ge) && (ge.Code >= 500 || ge.Code == http.StatusTooManyRequests) {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF)
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -19,14 +21,28 @@ import (
 // used (see storage.OpenError).
 type OpenError = storage.OpenError
 
-// probe sends one HeadBucket, without retries (a server that is down should
-// fail fast, not after minutes of backoff), and explains a failure.
+// probe sends a HeadBucket and explains a failure. A server that is down
+// (connection refused, unknown host) or that refuses the request (4xx)
+// fails at once, not after minutes of backoff; an answer that says "try
+// again" (5xx, 429, a reset connection: S3 throttling, a flaky network) is
+// asked again a few times within the probe timeout, so one transient fault
+// does not stop an agent from starting.
 func (s *Store) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	_, err := s.client.HeadBucket(pctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)}, once)
-	if err == nil {
-		return nil
+	var err error
+	for attempt, delay := 1, 200*time.Millisecond; ; attempt, delay = attempt+1, 2*delay {
+		_, err = s.client.HeadBucket(pctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)}, once)
+		if err == nil {
+			return nil
+		}
+		if attempt == probeAttempts || !probeTransient(err) || pctx.Err() != nil {
+			break
+		}
+		select {
+		case <-pctx.Done():
+		case <-time.After(delay):
+		}
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("s3 bucket %q: %w", s.bucket, ctx.Err())
@@ -87,4 +103,17 @@ func rootCause(err error) string {
 		}
 		err = next
 	}
+}
+
+// probeAttempts bounds the start-up probe's requests.
+const probeAttempts = 4
+
+// probeTransient reports an answer worth asking again at start-up: a
+// server error, throttling, or a connection lost mid-request (never a
+// refused connection: nothing listens there).
+func probeTransient(err error) bool {
+	if c := statusCode(err); c >= 500 || c == 429 {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }

@@ -593,3 +593,60 @@ func TestConnectionsAreReused(t *testing.T) {
 	defer s.Close()
 	storagetest.ConnectionReuse(t, s)
 }
+
+// TestOpenSurvivesATransientAnswer: one 503 SlowDown (or a reset
+// connection) at start-up is asked again, so an agent starts against a
+// throttling endpoint; a refused request (4xx) still fails at once.
+func TestOpenSurvivesATransientAnswer(t *testing.T) {
+	srv := testservers.S3(t)
+	srv.CreateBucket(t, "flaky")
+	target, err := url.Parse(srv.Endpoint)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	fail := 0 // requests still to fail
+	mode := ""
+	rp := httputil.NewSingleHostReverseProxy(target)
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		failing, m := fail > 0, mode
+		if failing {
+			fail--
+		}
+		mu.Unlock()
+		switch {
+		case failing && m == "503":
+			w.WriteHeader(http.StatusServiceUnavailable)
+		case failing && m == "reset":
+			conn, _, _ := w.(http.Hijacker).Hijack()
+			conn.(*net.TCPConn).SetLinger(0)
+			conn.Close()
+		case failing && m == "403":
+			w.WriteHeader(http.StatusForbidden)
+		default:
+			rp.ServeHTTP(w, r) // keeps the Host header the client signed
+		}
+	}))
+	defer proxy.Close()
+	for _, c := range []struct {
+		mode  string
+		fails int
+		ok    bool
+	}{{"503", 2, true}, {"reset", 1, true}, {"503", 10, false}, {"403", 1, false}} {
+		mu.Lock()
+		mode, fail = c.mode, c.fails
+		mu.Unlock()
+		o := options(srv, "flaky", "")
+		o.Endpoint = proxy.URL
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		s, err := New(ctx, o)
+		cancel()
+		if (err == nil) != c.ok {
+			t.Errorf("open with %d x %s first: %v, want ok=%v", c.fails, c.mode, err, c.ok)
+		}
+		if s != nil {
+			s.Close()
+		}
+	}
+}
