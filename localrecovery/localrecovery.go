@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"syscall"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/manifests"
 )
 
@@ -620,6 +621,7 @@ func fill(dst, src string, m *manifests.Manifest, shared, private bool) int {
 		}
 		if err == nil {
 			n++
+			failpoint.Hit(failpoint.MidAdopt) // Adopt, Lend, Readopt: n files put, the record not yet written
 		}
 	}
 	return n

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
@@ -166,6 +167,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 			return rep, fmt.Errorf("gc: delete retirement markers: %w", err)
 		}
 	}
+	failpoint.Hit(failpoint.MidGC) // expired manifests and markers deleted, their objects not yet
 
 	for len(candidates) > 0 {
 		n := min(deleteBatch, len(candidates))

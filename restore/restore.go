@@ -24,6 +24,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
@@ -347,6 +348,7 @@ func place(tmp, target string) error {
 	if err := fsutil.SyncDir(tmp); err != nil {
 		return fmt.Errorf("restore: fsync %s: %w", tmp, err)
 	}
+	failpoint.Hit(failpoint.BeforeRename) // every file verified and synced in tmp, target not yet there
 	if err := os.Rename(tmp, target); err != nil {
 		return fmt.Errorf("restore: move the verified store into place: %w", err)
 	}
