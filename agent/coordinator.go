@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
@@ -175,6 +176,7 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 		a.finish(ck, false)
 		return
 	}
+	failpoint.Hit(failpoint.AfterLink) // files linked into the local store, "synced" not yet sent
 	if snap.Copied > 0 {
 		a.log.Warn("snapshot copied, not hard-linked: the local dir is on another device than the snapshot; put --local-dir on the app's filesystem for instant sync phases",
 			"task", req.Task, "checkpoint", req.Checkpoint, "files_copied", snap.Copied)
@@ -446,6 +448,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	if err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, own); err != nil {
 		return protocol.Event{}, ownError(req, a.fence(t, err))
 	}
+	failpoint.Hit(failpoint.BeforeManifest) // every object uploaded and confirmed, no manifest yet
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = a.commit(ctx, m, encoded, hold)
 	commitSpan.End()
@@ -458,6 +461,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		}
 		return protocol.Event{}, err
 	}
+	failpoint.Hit(failpoint.AfterManifest) // committed; not yet recorded locally nor older ones retired
 	if err := manifests.CheckCommitted(context.WithoutCancel(ctx), a.cfg.Store, a.cfg.Job, own, req.Checkpoint); err != nil {
 		if errors.Is(err, manifests.ErrFenced) {
 			return protocol.Event{}, ownError(req, a.fence(t, err))
@@ -546,6 +550,7 @@ func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *
 	a.mu.Unlock()
 	// A task retires older manifests only after a newer one is complete.
 	for _, old := range retire {
+		failpoint.Hit(failpoint.MidRetire) // before each retirement: with AFTER=k, k retired, the rest not
 		if err := manifests.Retire(ctx, a.cfg.Store, a.cfg.Job, t.name, old.Checkpoint); err != nil {
 			a.log.Warn("retire", "task", t.name, "checkpoint", old.Checkpoint, "err", err)
 		}

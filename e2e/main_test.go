@@ -90,6 +90,7 @@ type agentConfig struct {
 	LocalDir   string
 	AllowRoots []string // none: "/" (the agent requires at least one)
 	Extra      []string // more flags
+	Bin        string   // the ckpt binary to run (default ckptBin)
 }
 
 func (c agentConfig) storageURL() string {
@@ -132,7 +133,11 @@ type agentProc struct {
 func launchAgent(t *testing.T, name string, cfg agentConfig) *agentProc {
 	t.Helper()
 	a := &agentProc{t: t, name: name, cfg: cfg, stderr: &lockedBuffer{}, exited: make(chan struct{})}
-	a.cmd = exec.Command(ckptBin, cfg.args()...)
+	bin := ckptBin
+	if cfg.Bin != "" {
+		bin = cfg.Bin
+	}
+	a.cmd = exec.Command(bin, cfg.args()...)
 	a.cmd.Env = childEnv(cfg.Env)
 	a.cmd.Stdout = a.stderr
 	a.cmd.Stderr = a.stderr
@@ -291,9 +296,17 @@ func runCkpt(t *testing.T, args ...string) cliResult {
 // environment, bounded to two minutes.
 func runCkptEnv(t *testing.T, env []string, args ...string) cliResult {
 	t.Helper()
+	return runBinEnv(t, ckptBin, env, args...)
+}
+
+// runBinEnv runs the ckpt binary bin with args and env added to the
+// environment, bounded to two minutes. A process killed by a signal has
+// Code -1.
+func runBinEnv(t *testing.T, bin string, env []string, args ...string) cliResult {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, ckptBin, args...)
+	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = childEnv(env)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

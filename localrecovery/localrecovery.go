@@ -767,6 +767,7 @@ func fill(dst, src string, m *manifests.Manifest, shared, private bool) int {
 		}
 		if err == nil {
 			n++
+			failpoint.Hit(failpoint.MidAdopt) // Adopt, Lend, Readopt: n files put, the record not yet written
 		}
 	}
 	return n

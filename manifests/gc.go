@@ -100,6 +100,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
@@ -345,6 +346,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 			return rep, fmt.Errorf("gc: delete retirement markers: %w", err)
 		}
 	}
+	failpoint.Hit(failpoint.MidGC) // expired manifests and markers deleted, their objects not yet
 
 	// Candidates of ripe marks, while the lock's hold lasts.
 	complete := true

@@ -433,6 +433,7 @@ func (r *restorer) place() error {
 	if err := fsutil.SyncOpenDir(r.tmpDir); err != nil {
 		return fmt.Errorf("restore: fsync %s: %w", r.tmp, err)
 	}
+	failpoint.Hit(failpoint.BeforeRename) // every file verified and synced in tmp, target not yet there
 	err := failpoint.Error(failpoint.LocalRename)
 	if err == nil {
 		err = unix.Renameat(int(r.parent.Fd()), r.tmpName, int(r.parent.Fd()), r.base)

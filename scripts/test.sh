@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test suite: every package, with the race detector on the packages
 # whose concurrency matters most (agent, uploader, manifests), and the
-# end-to-end tests that build the ckpt binary and run it as a process,
-# then the failpoint build of the packages the disk-fault suite covers.
+# end-to-end tests that build the ckpt binary and run it as a process
+# (the crash matrix, TestCrashMatrix, builds its own binary with -tags
+# ckpt_failpoints and kills it at every failpoint; -short skips it), then
+# the failpoint build of the packages the disk-fault suite covers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go test -count=1 -timeout 15m ./...

@@ -23,6 +23,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
@@ -369,6 +370,7 @@ func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.Fil
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", f.Name, err)
 	}
+	failpoint.Hit(failpoint.MidUpload) // one more object stored; with AFTER=k the k+1-th kills
 	if f.Kind == manifests.Shared {
 		u.req.Presence.Saw(b.key, f.Size, time.Now())
 	}
