@@ -19,6 +19,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -408,7 +409,8 @@ func (r *restorer) makeTemp() error {
 	b := make([]byte, 6)
 	rand.Read(b)
 	r.base = filepath.Base(r.target)
-	r.tmpName = "." + r.base + ".restore-" + hex.EncodeToString(b)
+	r.sweepStale()
+	r.tmpName = tempPrefix(r.base) + hex.EncodeToString(b)
 	r.tmp = filepath.Join(filepath.Dir(r.target), r.tmpName)
 	if err := unix.Mkdirat(int(r.parent.Fd()), r.tmpName, 0o755); err != nil {
 		return fmt.Errorf("restore: %w", &os.PathError{Op: "mkdir", Path: r.tmp, Err: err})
@@ -418,8 +420,59 @@ func (r *restorer) makeTemp() error {
 		unix.Unlinkat(int(r.parent.Fd()), r.tmpName, unix.AT_REMOVEDIR)
 		return fmt.Errorf("restore: %w", err)
 	}
+	// The lock says "in use" to sweepStale of later restores, for as long
+	// as this restore runs (the kernel drops it if the process dies).
+	if err := unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		d.Close()
+		unix.Unlinkat(int(r.parent.Fd()), r.tmpName, unix.AT_REMOVEDIR)
+		return fmt.Errorf("restore: lock %s: %w", r.tmp, err)
+	}
 	r.tmpDir = d
 	return nil
+}
+
+// tempPrefix starts the name of every temporary directory a restore of
+// the target base makes beside it.
+func tempPrefix(base string) string { return "." + base + ".restore-" }
+
+// staleAfter is how long a temporary directory must have been left
+// unchanged before a later restore of the same target removes it.
+const staleAfter = time.Minute
+
+// sweepStale removes the temporary directories that restores of the same
+// target left when they were killed (each can hold a whole verified copy
+// of the store, and its name is random, so nothing else would ever remove
+// it). A directory is stale when no process holds its lock (a restore
+// holds it while it runs; the kernel drops it when the process dies) and
+// it has not changed for staleAfter. Everything is relative to the parent
+// as opened; failures leave the directory for the next restore.
+func (r *restorer) sweepStale() {
+	entries, err := r.parent.ReadDir(-1)
+	r.parent.Seek(0, io.SeekStart) // the parent is read again by later steps
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasPrefix(e.Name(), tempPrefix(r.base)) {
+			continue
+		}
+		d, err := safefs.OpenDirAt(r.parent, e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB) != nil || unix.Fstat(int(d.Fd()), &st) != nil ||
+			time.Since(time.Unix(st.Mtim.Unix())) < staleAfter {
+			d.Close()
+			continue
+		}
+		files, _ := d.ReadDir(-1)
+		for _, f := range files {
+			unix.Unlinkat(int(d.Fd()), f.Name(), 0)
+		}
+		d.Close()
+		unix.Unlinkat(int(r.parent.Fd()), e.Name(), unix.AT_REMOVEDIR)
+	}
 }
 
 // place makes the verified tree tmpDir the target: fsync it, rename it

@@ -452,3 +452,46 @@ func (e *env) nothingVisible() {
 	}
 	e.noDebris()
 }
+
+// TestALaterRestoreRemovesTheTempDirsOfKilledOnes: a restore killed before
+// its rename leaves a temporary directory holding a whole verified copy of
+// the store under a random name. The next restore of the same target
+// removes such a directory once it is unlocked and a minute old, and
+// leaves alone one a running restore holds (its lock) or that is fresh.
+func TestALaterRestoreRemovesTheTempDirsOfKilledOnes(t *testing.T) {
+	e := setup(t)
+	parent := filepath.Dir(e.target)
+	os.MkdirAll(parent, 0o755)
+	mk := func(name string, age time.Duration) string {
+		d := filepath.Join(parent, name)
+		os.Mkdir(d, 0o755)
+		os.WriteFile(filepath.Join(d, "000001.sst"), []byte("a copy of the store"), 0o644)
+		old := time.Now().Add(-age)
+		os.Chtimes(d, old, old)
+		return d
+	}
+	stale := mk(".db.restore-0123456789ab", time.Hour)
+	fresh := mk(".db.restore-fresh0000000", 0)
+	held := mk(".db.restore-held00000000", time.Hour)
+	other := mk(".other.restore-000000000000", time.Hour) // another target's
+	lock, err := os.Open(held)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.run(restore.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	e.sameAsSnapshot()
+	if _, err := os.Stat(stale); !os.IsNotExist(err) {
+		t.Errorf("the stale temp dir of a killed restore is still there (%v)", err)
+	}
+	for _, d := range []string{fresh, held, other} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s was removed: %v", filepath.Base(d), err)
+		}
+	}
+}
