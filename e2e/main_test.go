@@ -277,6 +277,10 @@ const unsafeGCGrace = "CKPT_UNSAFE_MIN_GC_GRACE=0s"
 // at once (D = 0): two `ckpt gc` runs in a row collect everything.
 const unsafeGCMarkDelay = "CKPT_UNSAFE_GC_MARK_DELAY=0s"
 
+// unsafeGCLockExpiry lets a collection take over the deletion lock of a
+// collection that was killed holding it, at once (tests only).
+const unsafeGCLockExpiry = "CKPT_UNSAFE_GC_LOCK_EXPIRY=0s"
+
 // childEnv is the environment of a ckpt process: the test's, plus env
 // (whose entries win).
 func childEnv(env []string) []string {

@@ -53,6 +53,24 @@ const (
 	gcLockExpiry = 7 * time.Minute
 )
 
+// UnsafeGCLockExpiryEnv names the environment variable that lowers
+// gcLockExpiry (a Go duration), for tests only: a test that kills a
+// collection while it holds the lock lets the next collection take it
+// over at once instead of seven minutes later. With a real second
+// collection still deleting, a lowered expiry is unsafe.
+const UnsafeGCLockExpiryEnv = "CKPT_UNSAFE_GC_LOCK_EXPIRY"
+
+// lockExpiry returns gcLockExpiry, or less when UnsafeGCLockExpiryEnv
+// lowers it.
+func lockExpiry() time.Duration {
+	if v := os.Getenv(UnsafeGCLockExpiryEnv); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 0 && d < gcLockExpiry {
+			return d
+		}
+	}
+	return gcLockExpiry
+}
+
 // markBatch bounds the candidates one mark object names.
 const markBatch = 10000
 
@@ -239,7 +257,7 @@ func takeLock(ctx context.Context, s storage.Store, job string, now time.Time) (
 	}); err != nil {
 		return "", fmt.Errorf("gc: read the deletion lock: %w", err)
 	}
-	if newest.Key != "" && now.Sub(newest.ModTime) < gcLockExpiry {
+	if newest.Key != "" && now.Sub(newest.ModTime) < lockExpiry() {
 		return "", nil
 	}
 	key := fmt.Sprintf("%s%020d", lockPrefix(job), gen+1)
