@@ -344,8 +344,11 @@ func (p *Plugin) startLocked() (*session, error) {
 		SyncStdout:       lw,
 		SyncStderr:       io.MultiWriter(p.stderr, lw),
 		Logger:           hclog.New(&hclog.LoggerOptions{Name: p.label(), Output: log, Level: hclog.Off}),
-		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize))},
+		GRPCDialOptions: []grpc.DialOption{
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize)),
+			grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow),
+			grpc.WithReadBufferSize(wire.IOBuffer), grpc.WithWriteBufferSize(wire.IOBuffer),
+		},
 	})
 	rpc, err := c.Client()
 	if err != nil {

@@ -28,6 +28,16 @@ const ChunkSize = 1 << 20
 // and its framing, or a page of a listing.
 const MaxMessageSize = 8 << 20
 
+// Flow control: a stream may have StreamWindow bytes in flight (a few
+// chunks, so a transfer does not stall on every chunk's round trip; 4 MiB
+// per stream bounds memory), a connection ConnWindow; the transport reads
+// and writes the socket IOBuffer bytes at a time.
+const (
+	StreamWindow = 4 << 20
+	ConnWindow   = 16 << 20
+	IOBuffer     = 256 << 10
+)
+
 // Handshake is go-plugin's handshake: a plugin refuses to run without the
 // cookie in its environment (it is not meant to be run by hand), and host
 // and plugin must speak the same protocol version.
