@@ -42,8 +42,27 @@ func RegisterParsed[O any, S Store](scheme string, parse func(*url.URL) (O, erro
 	})
 }
 
+// Fallback finds an opener for a scheme no backend registered (package
+// plugins provides one for the schemes its plugins serve) and lists the
+// schemes it knows.
+type Fallback interface {
+	Opener(scheme string) (Opener, bool)
+	Schemes() []string
+}
+
+var fallback Fallback
+
+// SetFallback makes Open ask f about schemes no backend registered; nil
+// removes it.
+func SetFallback(f Fallback) {
+	registryMu.Lock()
+	defer registryMu.Unlock()
+	fallback = f
+}
+
 // Open opens the store a storage URL names, such as file:///var/ckpt or
-// s3://bucket/prefix. The backend's package must be imported (for its init).
+// s3://bucket/prefix. The backend's package must be imported (for its
+// init), or a plugin must serve the scheme (see SetFallback).
 func Open(ctx context.Context, rawURL string) (Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
@@ -55,7 +74,14 @@ func Open(ctx context.Context, rawURL string) (Store, error) {
 	for s := range registry {
 		schemes = append(schemes, s+"://")
 	}
+	fb := fallback
 	registryMu.RUnlock()
+	if !ok && fb != nil {
+		open, ok = fb.Opener(u.Scheme)
+		for _, s := range fb.Schemes() {
+			schemes = append(schemes, s+"://")
+		}
+	}
 	if !ok {
 		sort.Strings(schemes)
 		return nil, fmt.Errorf("storage URL %q: unknown scheme %q (use one of %s)", redact(u), u.Scheme, strings.Join(schemes, ", "))

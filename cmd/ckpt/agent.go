@@ -250,6 +250,9 @@ func runTrigger(ctx context.Context, args []string) error {
 	if err := parse(fs, args, "socket", "task", "checkpoint", "dir"); err != nil {
 		return err
 	}
+	if err := loadPlugins(ctx); err != nil {
+		return err
+	}
 	if _, err := engines.Lookup(*engine); err != nil {
 		return usageError{fmt.Errorf("--engine: %w", err)}
 	}

@@ -83,6 +83,7 @@ func commands() []command {
 		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
 		{"drill", "restore the newest checkpoint (of a task, or of every task of the job) from storage into scratch dirs, verify it, time it", runDrill},
 		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
+		{"plugins", "list the storage and engine plugins of a plugin directory, and why any were refused", runPlugins},
 		{"version", "print the version (also ckpt --version)", runVersion},
 	}
 }
@@ -98,6 +99,7 @@ func main() {
 
 func run(ctx context.Context, args []string) int {
 	version = buildVersion()
+	defer closePlugins()
 	cmds := commands()
 	switch {
 	case len(args) == 0:
@@ -161,6 +163,7 @@ func runVersion(_ context.Context, args []string) error {
 func newFlags(name, synopsis, example string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
+	addPluginDirFlag(fs, name)
 	fs.Usage = func() {
 		w := fs.Output()
 		fmt.Fprintf(w, "Usage: ckpt %s %s\n\nFlags:\n", name, synopsis)
@@ -224,6 +227,9 @@ func checkArgs(fs *flag.FlagSet, required ...string) error {
 // reach it, with a message that says what to check), measures every call
 // it makes (each retry attempt counts), and retries transient failures.
 func openStore(ctx context.Context, rawURL string) (storage.Store, error) {
+	if err := loadPlugins(ctx); err != nil {
+		return nil, err
+	}
 	s, err := storage.Open(ctx, rawURL)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,7 @@
+//go:build !linux
+
+package plugins
+
+import "os/exec"
+
+func setDeathSignal(*exec.Cmd) {}

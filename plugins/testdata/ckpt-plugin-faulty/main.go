@@ -1,0 +1,92 @@
+// Command ckpt-plugin-faulty is the plugins package's test plugin. What it
+// does depends on the name it is installed under:
+//
+//   - ckpt-plugin-faulty serves faulty:///dir as the file:// backend,
+//     except that a Put of a key under crash/ exits the process halfway
+//     through the body, and a Get or Stat of a key under hang/ never
+//     returns; it prints to stdout before Serve and on every Put.
+//   - ckpt-plugin-testengine serves the engine "testengine": *.dat files
+//     are shared, Check counts the files of the directory.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/plugins/sdk"
+	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/file"
+)
+
+func main() {
+	name := strings.TrimPrefix(filepath.Base(os.Args[0]), "ckpt-plugin-")
+	fmt.Println("noise on stdout before Serve")
+	os.Stdout.WriteString("more noise\n")
+	syscall.Write(1, []byte("raw noise on fd 1\n"))
+	switch name {
+	case "testengine":
+		sdk.ServeEngine(testEngine{})
+	default:
+		sdk.ServeStorage(func(ctx context.Context, u *url.URL) (storage.Store, error) {
+			s, err := file.New(u.Path)
+			if err != nil {
+				return nil, err
+			}
+			return &faulty{Store: s}, nil
+		}, "faulty")
+	}
+}
+
+type faulty struct{ storage.Store }
+
+func (f *faulty) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	fmt.Println("put", key) // after Serve: forwarded to the host's log
+	if strings.HasPrefix(key, "crash/") {
+		io.CopyN(io.Discard, body, size/2)
+		// Straight to file descriptor 2, as a panic is written.
+		syscall.Write(2, []byte("faulty plugin: crashing on purpose\n"))
+		os.Exit(3)
+	}
+	return f.Store.Put(ctx, key, body, size)
+}
+
+func (f *faulty) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	if strings.HasPrefix(key, "hang/") {
+		select {}
+	}
+	return f.Store.Get(ctx, key)
+}
+
+func (f *faulty) Stat(ctx context.Context, key string) (storage.ObjectInfo, error) {
+	if strings.HasPrefix(key, "hang/") {
+		select {}
+	}
+	return f.Store.Stat(ctx, key)
+}
+
+type testEngine struct{}
+
+func (testEngine) Name() string { return "testengine" }
+
+func (testEngine) Classify(name string) manifests.Kind {
+	if strings.HasSuffix(name, ".dat") {
+		return manifests.Shared
+	}
+	return manifests.Private
+}
+
+func (testEngine) Check(ctx context.Context, dir string) (engines.Result, error) {
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		return engines.Result{}, err
+	}
+	return engines.Result{Checked: true, Keys: int64(len(es))}, nil
+}
