@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/names"
 	"slices"
 	"sort"
 	"strings"
@@ -11,33 +12,12 @@ import (
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-// MaxJobTasks bounds the tasks list of a job-wide checkpoint (a checkpoint
-// request's "tasks", a manifest's Tasks). A request line is at most 1 MiB,
-// which holds fewer names of the longest kind anyway.
-const MaxJobTasks = 10000
+// MaxJobTasks bounds the tasks list of a job-wide checkpoint.
+const MaxJobTasks = names.MaxTasks
 
-// CheckTasks checks the tasks list of a job-wide checkpoint of task: at
-// most MaxJobTasks entries, every one a valid task name, none twice, and
-// task among them. The order does not matter (manifests store it sorted).
-func CheckTasks(task string, tasks []string) error {
-	if len(tasks) > MaxJobTasks {
-		return fmt.Errorf("tasks lists %d tasks, more than the %d allowed", len(tasks), MaxJobTasks)
-	}
-	seen := make(map[string]bool, len(tasks))
-	for _, t := range tasks {
-		if err := ValidName("task", t); err != nil {
-			return fmt.Errorf("tasks: %w", err)
-		}
-		if seen[t] {
-			return fmt.Errorf("tasks lists task %q twice", t)
-		}
-		seen[t] = true
-	}
-	if !seen[task] {
-		return fmt.Errorf("tasks does not list the requesting task %q: it lists every task of the job at this checkpoint", task)
-	}
-	return nil
-}
+// CheckTasks checks the tasks list of a job-wide checkpoint of task (see
+// names.CheckTasks).
+func CheckTasks(task string, tasks []string) error { return names.CheckTasks(task, tasks) }
 
 // SortedTasks returns a sorted copy of tasks (nil stays nil).
 func SortedTasks(tasks []string) []string {

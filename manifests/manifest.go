@@ -14,7 +14,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
+	"github.com/ckpt-io/ckpt/internal/names"
 	"slices"
 	"strconv"
 	"strings"
@@ -161,15 +161,8 @@ func Decode(data []byte) (*Manifest, error) {
 	return &m, nil
 }
 
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
 // ValidName checks a job or task name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}.
-func ValidName(what, name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("invalid %s name %q: use 1-128 of A-Z a-z 0-9 . _ - starting with a letter or digit", what, name)
-	}
-	return nil
-}
+func ValidName(what, name string) error { return names.Valid(what, name) }
 
 // ValidFileName checks that a snapshot file name is one plain path element:
 // not empty, not "." or "..", no separator, no NUL, at most 255 bytes.

@@ -17,8 +17,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/internal/names"
 	"path/filepath"
-	"regexp"
 )
 
 // ProtocolVersion is the protocol version this package speaks; the agent
@@ -104,40 +104,7 @@ type Request struct {
 }
 
 // MaxTasks bounds a checkpoint request's tasks list.
-const MaxTasks = 10000
-
-// checkTasks checks a checkpoint request's tasks list.
-func checkTasks(task string, tasks []string) error {
-	if len(tasks) > MaxTasks {
-		return fmt.Errorf("tasks lists %d tasks, more than the %d allowed", len(tasks), MaxTasks)
-	}
-	seen := make(map[string]bool, len(tasks))
-	for _, t := range tasks {
-		if err := validName("task", t); err != nil {
-			return fmt.Errorf("tasks: %w", err)
-		}
-		if seen[t] {
-			return fmt.Errorf("tasks lists task %q twice", t)
-		}
-		seen[t] = true
-	}
-	if !seen[task] {
-		return fmt.Errorf("tasks does not list the requesting task %q: it lists every task of the job at this checkpoint", task)
-	}
-	return nil
-}
-
-// nameRE is the pattern of task names (the same as manifests.ValidName's;
-// kept here so that this package needs nothing but the standard library).
-var nameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
-// validName checks a task name: [A-Za-z0-9][A-Za-z0-9._-]{0,127}.
-func validName(what, name string) error {
-	if !nameRE.MatchString(name) {
-		return fmt.Errorf("invalid %s name %q: use 1-128 of A-Z a-z 0-9 . _ - starting with a letter or digit", what, name)
-	}
-	return nil
-}
+const MaxTasks = names.MaxTasks
 
 // DecodeRequest parses and validates one request line. The error is always
 // a *Error with code bad_request; the request it returns with an error
@@ -173,7 +140,7 @@ func DecodeRequest(line []byte) (Request, *Error) {
 		return r, Errorf(CodeBadRequest, "id must be a string or a number")
 	}
 	needTask := func() *Error {
-		if err := validName("task", r.Task); err != nil {
+		if err := names.Valid("task", r.Task); err != nil {
 			return Errorf(CodeBadRequest, "%v", err)
 		}
 		return nil
@@ -207,7 +174,7 @@ func DecodeRequest(line []byte) (Request, *Error) {
 			return r, Errorf(CodeBadRequest, "engine name too long")
 		}
 		if r.Tasks != nil {
-			if err := checkTasks(r.Task, r.Tasks); err != nil {
+			if err := names.CheckTasks(r.Task, r.Tasks); err != nil {
 				return r, Errorf(CodeBadRequest, "%v", err)
 			}
 		}

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"github.com/ckpt-io/ckpt/internal/names"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -56,7 +57,7 @@ func TestTaskNames(t *testing.T) {
 		"": false, "-t": false, ".t": false, "_t": false, "a/b": false, "a b": false,
 		strings.Repeat("a", 129): false, "é": false,
 	} {
-		if err := validName("task", name); (err == nil) != ok {
+		if err := names.Valid("task", name); (err == nil) != ok {
 			t.Errorf("%q: %v", name, err)
 		}
 	}
@@ -92,8 +93,9 @@ func FuzzDecodeRequest(f *testing.F) {
 	})
 }
 
-// The protocol needs nothing but the standard library, so that anything
-// can speak it cheaply.
+// The protocol needs nothing but the standard library (and ckpt's name
+// checks, which need nothing else either), so that anything can speak it
+// cheaply.
 func TestOnlyTheStandardLibrary(t *testing.T) {
 	gobin, err := exec.LookPath("go")
 	if err != nil {
@@ -104,7 +106,7 @@ func TestOnlyTheStandardLibrary(t *testing.T) {
 		t.Skipf("go list: %v", err)
 	}
 	for _, dep := range strings.Fields(string(out)) {
-		if dep != "github.com/ckpt-io/ckpt/protocol" {
+		if dep != "github.com/ckpt-io/ckpt/protocol" && dep != "github.com/ckpt-io/ckpt/internal/names" {
 			t.Errorf("package protocol depends on %s", dep)
 		}
 	}
