@@ -253,6 +253,8 @@ type Agent struct {
 	acceptErr error
 
 	conns atomic.Int64 // open client connections
+
+	owners ownerCache // ownership records read for the job view
 }
 
 // New checks cfg and prepares an agent; Run serves it.
@@ -341,6 +343,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.listening = true
 	a.mu.Unlock()
 	close(a.ready)
+	// The status page's job view: a scan of the job, while it is viewed.
+	a.cfg.Telemetry.SetJobSource(JobViewInterval, a.jobView)
+	defer a.cfg.Telemetry.SetJobSource(0, nil)
 	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
 		a.jobs.Add(1)
 		go a.drills(ctx)

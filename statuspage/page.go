@@ -20,7 +20,11 @@ import (
 // and every number is in the HTML itself. Elements that tests and scrapers
 // look for carry stable classes and data attributes holding raw values:
 // data-task on each task's section and chart, data-bytes on sizes (bytes),
-// data-ns on durations (nanoseconds), data-checkpoint on each bar.
+// data-ns on durations (nanoseconds), data-checkpoint on each bar. The job
+// section (#job-status, shown once the job was scanned) carries
+// data-complete, data-newest and data-behind, and each of its rows
+// (tr.job-task) data-task, data-newest, data-lag, data-node, data-epoch and
+// data-behind.
 
 // Render writes the status page for v.
 func Render(w io.Writer, v telemetry.View) error { return pageTmpl.Execute(w, newPage(v)) }
@@ -34,6 +38,26 @@ type page struct {
 	Retained, Logical     int64
 	GCDeleted             int64
 	Bar                   storageBar
+	JobStatus             *jobStatus // nil: no scan of the job yet
+}
+
+// jobStatus is the job as the last scan of storage saw it, formatted.
+type jobStatus struct {
+	telemetry.JobView
+	ScannedUnix int64 // ScannedAt, in Unix seconds
+	At, Ago     string
+}
+
+// newJobStatus is the job section of the page (nil without a scan).
+func newJobStatus(v *telemetry.JobView, now time.Time) *jobStatus {
+	if v == nil {
+		return nil
+	}
+	j := &jobStatus{JobView: *v, At: stamp(v.ScannedAt), Ago: ago(now, v.ScannedAt)}
+	if !v.ScannedAt.IsZero() {
+		j.ScannedUnix = v.ScannedAt.Unix()
+	}
+	return j
 }
 
 // storageBar compares retained bytes in storage with the logical state.
@@ -147,6 +171,7 @@ func newPage(v telemetry.View) page {
 	}
 	p.Now = now.UTC().Format("2006-01-02 15:04:05 UTC")
 	p.Bar = newStorageBar(v.RetainedBytes, v.LogicalBytes)
+	p.JobStatus = newJobStatus(v.JobStatus, now)
 	for _, tv := range v.Tasks {
 		p.Tasks = append(p.Tasks, newTaskPage(tv, now))
 	}
@@ -447,6 +472,7 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 <div class="sub">retained: as of the last GC, which has deleted <span id="gc-deleted">{{.GCDeleted}}</span> objects so far</div>
 </div>
 </section>
+{{with .JobStatus}}{{template "job" .}}{{end}}
 {{range .Tasks}}
 <section class="card task" id="task-{{.Task}}" data-task="{{.Task}}">
 <h2>task <span class="task-name">{{.Task}}</span>
@@ -491,6 +517,18 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 </main>
 <footer>refreshes every 10 s · rendered {{.Now}}</footer>
 </body></html>
+{{define "job"}}<section class="card" id="job-status" data-complete="{{.Complete}}" data-newest="{{.Newest}}" data-behind="{{.BehindCount}}" data-scanned="{{.ScannedUnix}}">
+<h2>Job checkpoints <span class="sub">every task of the job, as storage shows them</span>{{if .Ago}}<span class="pill" title="scanned at {{.At}}">scanned {{.Ago}}</span>{{end}}</h2>
+{{if .Error}}<div class="bad job-status-error">cannot scan the job: {{.Error}}</div>{{else}}
+<div class="job-storage">
+<div><div class="label">newest job-complete checkpoint</div><div class="big">{{if .Complete}}<span id="job-complete" data-checkpoint="{{.Complete}}">{{.Complete}}</span> <span class="sub">of <span id="job-complete-tasks">{{len .CompleteTasks}}</span> tasks</span>{{else}}<span id="job-complete" data-checkpoint="0" class="bad">none</span>{{end}}</div></div>
+<div><div class="label">newest checkpoint of any task</div><div class="big"><span id="job-newest" data-checkpoint="{{.Newest}}">{{if .Newest}}{{.Newest}}{{else}}–{{end}}</span></div></div>
+<div><div class="label">tasks behind it</div><div class="big"><span id="job-behind" class="{{if .BehindCount}}bad{{else}}ok{{end}}">{{.BehindCount}}</span> <span class="sub">of {{len .Tasks}}</span></div></div>
+</div>
+{{if .Tasks}}<table class="history job-tasks"><tr><th>task</th><th>newest checkpoint</th><th>lag</th><th>owner node</th><th>epoch</th><th class="status">against the job-complete checkpoint</th></tr>
+{{range .Tasks}}<tr class="job-task{{if .Behind}} behind{{end}}" data-task="{{.Task}}" data-newest="{{.Newest}}" data-lag="{{.Lag}}" data-node="{{.Node}}" data-epoch="{{.Epoch}}" data-behind="{{.Behind}}"><td class="status job-task-name">{{.Task}}</td><td class="job-task-newest">{{if .Newest}}{{.Newest}}{{else}}–{{end}}</td><td class="job-task-lag">{{.Lag}}</td><td class="job-task-node">{{if .Node}}{{.Node}}{{else}}–{{end}}</td><td class="job-task-epoch">{{if .Epoch}}{{.Epoch}}{{else}}–{{end}}</td><td class="status job-task-state{{if or .Behind .Problem}} bad{{end}}">{{if .Behind}}behind: {{.Reason}}{{else if $.Complete}}in checkpoint {{$.Complete}}{{else}}–{{end}}{{if .Problem}} · ownership: {{.Problem}}{{end}}</td></tr>
+{{end}}</table>{{end}}{{end}}
+</section>{{end}}
 {{define "chart"}}<svg class="chart" data-task="{{.Task}}" viewBox="0 0 {{.W}} {{.H}}" role="img" aria-label="checkpoint size and full size of the last {{.Count}} checkpoints of task {{.Task}}">
 <g class="legend" transform="translate({{.Left}},14)">
 <rect x="0" y="-9" width="12" height="10" rx="1" class="bar-swatch" fill="#3b6fb6"/><text x="17" y="0">checkpoint size (uploaded)</text>

@@ -51,6 +51,7 @@ func (t *Telemetry) Handler(o ServerOptions) http.Handler {
 		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "text/html; charset=utf-8")
 			w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; img-src data:")
+			t.refreshJobForPage(r.Context())
 			if err := o.Page(w, t.View()); err != nil && o.Logger != nil {
 				o.Logger.Warn("status page", "err", err)
 			}

@@ -92,6 +92,9 @@ type View struct {
 	LogicalBytes  int64      `json:"logical_bytes"`  // sum of the tasks' last full sizes
 	GCDeleted     int64      `json:"gc_deleted_objects"`
 	Now           time.Time  `json:"now"`
+	// JobStatus is the whole job as the last scan of storage saw it (nil:
+	// none yet, or no source; see SetJobSource).
+	JobStatus *JobView `json:"job_status,omitempty"`
 }
 
 // Telemetry owns the providers and the instruments. A nil *Telemetry is
@@ -124,6 +127,8 @@ type Telemetry struct {
 	retB   int64
 	gcDel  int64
 	jobAtt attribute.KeyValue
+
+	jobView jobState // the status page's job view (its own lock)
 }
 
 // Options names what the telemetry describes.
@@ -260,6 +265,7 @@ func (t *Telemetry) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
+	t.jobView.wait(ctx)
 	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
 }
 
@@ -442,6 +448,7 @@ func (t *Telemetry) View() View {
 		v.Tasks = append(v.Tasks, c)
 	}
 	sort.Slice(v.Tasks, func(i, j int) bool { return v.Tasks[i].Task < v.Tasks[j].Task })
+	v.JobStatus = t.jobView.view()
 	return v
 }
 

@@ -186,7 +186,7 @@ func httpAnswers(c *http.Client, rawURL string) bool {
 
 // S3Server is a running versitygw with one account (AccessKey, SecretKey).
 type S3Server struct {
-	// Endpoint is the server's base URL, http://127.0.0.1:PORT.
+	// Endpoint is the server's base URL, http://127.0.0.1:PORT (WithHost: that host).
 	Endpoint string
 	// DataDir is the directory versitygw keeps buckets in (one directory
 	// per bucket, one file per object), for tests that measure stored bytes.
@@ -202,7 +202,15 @@ type S3Server struct {
 // S3Option configures S3.
 type S3Option func(*s3Config)
 
-type s3Config struct{ tls bool }
+type s3Config struct {
+	tls  bool
+	host string
+}
+
+// WithHost serves on host instead of 127.0.0.1: an address the test set
+// up itself, such as the host side of a veth pair that agents in other
+// network namespaces reach (plain HTTP only).
+func WithHost(host string) S3Option { return func(c *s3Config) { c.host = host } }
 
 // WithTLS serves HTTPS with a certificate for 127.0.0.1 signed by a fresh
 // test CA (S3Server.CAFile; Env sets AWS_CA_BUNDLE to it).
@@ -213,7 +221,7 @@ func WithTLS() S3Option { return func(c *s3Config) { c.tls = true } }
 func S3(t testing.TB, opts ...S3Option) *S3Server {
 	t.Helper()
 	skipShort(t, "the S3 server (versitygw)")
-	var cfg s3Config
+	cfg := s3Config{host: "127.0.0.1"}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -232,12 +240,12 @@ func S3(t testing.TB, opts ...S3Option) *S3Server {
 	// connection after one request by default), so that tests see whether
 	// clients reuse their connections.
 	port := start(t, "versitygw", bin, func(port int) []string {
-		args := []string{"--port", fmt.Sprintf("127.0.0.1:%d", port), "--access", s.AccessKey, "--secret", s.SecretKey,
+		args := []string{"--port", fmt.Sprintf("%s:%d", cfg.host, port), "--access", s.AccessKey, "--secret", s.SecretKey,
 			"--region", s.Region, "--quiet", "--keep-alive"}
 		args = append(args, tlsArgs...)
 		return append(args, "posix", s.DataDir)
-	}, func(port int) bool { return httpAnswers(client, fmt.Sprintf("%s://127.0.0.1:%d/", scheme, port)) })
-	s.Endpoint = fmt.Sprintf("%s://127.0.0.1:%d", scheme, port)
+	}, func(port int) bool { return httpAnswers(client, fmt.Sprintf("%s://%s:%d/", scheme, cfg.host, port)) })
+	s.Endpoint = fmt.Sprintf("%s://%s:%d", scheme, cfg.host, port)
 	return s
 }
 
