@@ -629,7 +629,7 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 		defer parent.Close()
 		// A restore is the first thing a task's new home does: it takes the
 		// task's ownership (or, if this agent holds it, checks it still does).
-		if _, err := a.own(ctx, req.Task, true); err != nil {
+		if _, err := a.own(ctx, req.Task, true, true); err != nil {
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
 			return
 		}

@@ -361,7 +361,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	}
 	// Ownership first (taken on the task's first request, then cached),
 	// then the task's checkpoints as this owner sees them.
-	own, err := a.own(ctx, t.name, false)
+	own, err := a.own(ctx, t.name, false, false)
 	if err != nil {
 		return protocol.Event{}, ownError(req, err)
 	}
@@ -708,7 +708,14 @@ func restored(res *restore.Result) *protocol.Restored {
 // (epoch one above the last, by conditional create) and caching it. With
 // recheck, a cached ownership is checked against storage first. A fenced
 // agent gets its *manifests.FencedError, for good.
-func (a *Agent) own(ctx context.Context, name string, recheck bool) (manifests.Owner, error) {
+//
+// Taking a task from an owner on another node is a move, and a task moves
+// by a restore: the restore op (restoring), or `ckpt restore --local-dir`
+// into this agent's local dir that saw that very owner as the newest
+// (localrecovery's takeover note). Any other first request for such a task
+// gets conflict: an agent revived on a node the task has left (a zombie
+// after a partition) must not take the task back from its new home.
+func (a *Agent) own(ctx context.Context, name string, recheck, restoring bool) (manifests.Owner, error) {
 	a.mu.Lock()
 	t := a.taskLocked(name)
 	a.mu.Unlock()
@@ -728,7 +735,17 @@ func (a *Agent) own(ctx context.Context, name string, recheck bool) (manifests.O
 	case owner != nil:
 		return *owner, nil
 	}
-	rec, err := manifests.TakeOwnership(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, a.agentID)
+	may := func(cur manifests.Owner) error {
+		if restoring || cur.Node == a.cfg.Node {
+			return nil
+		}
+		if e, ok := a.local.TakeoverEpoch(name); ok && e == cur.Epoch {
+			return nil
+		}
+		return fmt.Errorf("task %s is owned by agent %s on node %s (epoch %d): %w; an agent takes a task over from another node only by restoring it first (the restore op, or ckpt restore --local-dir into this agent's local dir)",
+			name, cur.AgentID, cur.Node, cur.Epoch, manifests.ErrOwnedElsewhere)
+	}
+	rec, err := manifests.TakeOwnershipIf(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, a.agentID, may)
 	if err != nil {
 		return manifests.Owner{}, err
 	}
@@ -761,6 +778,8 @@ func (a *Agent) fence(t *task, err error) error {
 func ownError(req protocol.Request, err error) *protocol.Error {
 	var bad *manifests.OwnerError
 	switch {
+	case errors.Is(err, manifests.ErrOwnedElsewhere):
+		return errorf(protocol.CodeConflict, "%v", err)
 	case errors.Is(err, manifests.ErrFenced):
 		if req.Checkpoint != 0 && req.Op != "restore" {
 			return errorf(protocol.CodeConflict, "checkpoint %d of task %s: %v", req.Checkpoint, req.Task, err)

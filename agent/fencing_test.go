@@ -99,6 +99,9 @@ func TestAZombieCommittingFirstNeitherBlocksTheNewOwnerNorIsEverUsed(t *testing.
 	case <-time.After(20 * time.Second):
 		t.Fatal("the zombie never reached its commit of checkpoint 2")
 	}
+	// The task moves to the new owner's node the way tasks move: a restore
+	// into its local dir (of the zombie's checkpoint 1, the newest).
+	restoreInto(t, owner, shared, task)
 	oc := owner.dial()
 	odir := owner.snapshot("o2", map[string]int{"000001.sst": 40_000, "000002.sst": 20_000, "CURRENT": 16, "MANIFEST-O": 90_000})
 	op, err := oc.Checkpoint(ctxT(t), task, 2, odir, "pebble")
@@ -214,6 +217,11 @@ func TestAFencedAgentsRequestsGetConflictNamingTheNewOwner(t *testing.T) {
 	if err := checkpoint(old, 1, "o1"); err != nil {
 		t.Fatal(err)
 	}
+	// Without a restore on its node, the new agent may not take the task.
+	if err := checkpoint(nw, 2, "n2"); err == nil || !strings.Contains(err.Error(), "only by restoring it first") {
+		t.Fatalf("a checkpoint on another node before any restore there: %v, want conflict saying to restore first", err)
+	}
+	restoreInto(t, nw, shared, "t")
 	if err := checkpoint(nw, 2, "n2"); err != nil {
 		t.Fatalf("the new owner's first checkpoint: %v", err)
 	}
@@ -233,5 +241,20 @@ func TestAFencedAgentsRequestsGetConflictNamingTheNewOwner(t *testing.T) {
 	}
 	if r := cat.Retained("t"); len(r) != 2 || r[0].Checkpoint != 2 || r[1].Checkpoint != 3 || r[1].Epoch != 2 {
 		t.Fatalf("retained %+v, want the new owner's 2 and 3 at epoch 2", r)
+	}
+}
+
+// restoreInto restores task from storage into a fresh dir under h's root,
+// recording it in h's local dir, as `ckpt restore --local-dir` does on a
+// task's new node before its agent serves the task.
+func restoreInto(t *testing.T, h *harness, s storage.Store, task string) {
+	t.Helper()
+	target, err := os.MkdirTemp(h.root, "restored-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(target)
+	if _, err := restore.Run(ctxT(t), restore.Options{Store: s, Job: "job", Task: task, Target: target, LocalDir: h.local}); err != nil {
+		t.Fatalf("restore of %s on the new node: %v", task, err)
 	}
 }

@@ -794,3 +794,41 @@ func (s *Store) Adopt(task string, m *manifests.Manifest, encoded []byte, dir st
 	}
 	return linked, nil
 }
+
+// takeoverPath records, for task, the newest ownership epoch in storage
+// when a restore from storage filled this local dir (see RecordTakeover).
+func (s *Store) takeoverPath(task string) string {
+	return filepath.Join(s.root, "."+task+".takeover-epoch")
+}
+
+// RecordTakeover notes that a restore of task into this node saw epoch as
+// the newest ownership record in storage (0: none). An agent on this local
+// dir may then take the task over from that owner, even one on another
+// node: the restore is how a task moves to a new home. A later takeover by
+// anyone else raises the newest epoch, and the note no longer matches.
+func (s *Store) RecordTakeover(task string, epoch uint64) error {
+	if err := manifests.ValidName("task", task); err != nil {
+		return err
+	}
+	p := s.takeoverPath(task)
+	tmp := p + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.FormatUint(epoch, 10)+"\n"), 0o644); err != nil {
+		return fmt.Errorf("local dir: record the restore of task %s: %w", task, err)
+	}
+	if err := os.Rename(tmp, p); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("local dir: record the restore of task %s: %w", task, err)
+	}
+	return nil
+}
+
+// TakeoverEpoch returns the epoch RecordTakeover noted for task; ok is
+// false when no restore noted one.
+func (s *Store) TakeoverEpoch(task string) (epoch uint64, ok bool) {
+	data, err := os.ReadFile(s.takeoverPath(task))
+	if err != nil {
+		return 0, false
+	}
+	e, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
+	return e, err == nil
+}

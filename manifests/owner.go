@@ -82,6 +82,10 @@ type Owner struct {
 	After uint64 `json:"after"`
 }
 
+// ErrOwnedElsewhere is wrapped by the error of an agent that may not take a
+// task over from its owner on another node (see TakeOwnershipIf).
+var ErrOwnedElsewhere = errors.New("owned by an agent on another node")
+
 // ErrFenced is wrapped by FencedError.
 var ErrFenced = errors.New("fenced by a newer owner")
 
@@ -253,6 +257,13 @@ func ListOwners(ctx context.Context, s storage.Store, job, task string, from uin
 // above the newest, retrying with the next epoch if another taker won.
 // From its return on, every older owner is fenced.
 func TakeOwnership(ctx context.Context, s storage.Store, job, task, node, agentID string) (Owner, error) {
+	return TakeOwnershipIf(ctx, s, job, task, node, agentID, nil)
+}
+
+// TakeOwnershipIf is TakeOwnership that first asks may whether the caller
+// may take the task from its newest owner (not asked when there is none):
+// an error from may is returned, and nothing is written.
+func TakeOwnershipIf(ctx context.Context, s storage.Store, job, task, node, agentID string, may func(latest Owner) error) (Owner, error) {
 	for attempt := 0; ; attempt++ {
 		cat, err := Scan(ctx, s, job, task)
 		if err != nil {
@@ -266,8 +277,14 @@ func TakeOwnership(ctx context.Context, s storage.Store, job, task, node, agentI
 		if latest > 0 {
 			// The newest record must decode: a task whose ownership
 			// cannot be read is not taken over blindly.
-			if _, err := ReadOwner(ctx, s, job, task, latest); err != nil {
+			cur, err := ReadOwner(ctx, s, job, task, latest)
+			if err != nil {
 				return Owner{}, err
+			}
+			if may != nil {
+				if err := may(cur); err != nil {
+					return Owner{}, err
+				}
 			}
 		}
 		rec := Owner{Task: task, Epoch: latest + 1, Node: node, AgentID: agentID, Created: time.Now().UTC()}

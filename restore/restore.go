@@ -141,11 +141,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		attribute.String("ckpt.job", o.Job), attribute.String("ckpt.task", o.Task), attribute.Int64("ckpt.checkpoint", int64(r.n)),
 		attribute.Int("ckpt.files", len(r.m.Files)), attribute.Int64("ckpt.full_size", r.m.FullSize)))
 	defer r.span.End()
+	var owner uint64 // the task's newest ownership epoch before this restore
 	if o.LocalDir != "" {
 		if r.ls, err = localrecovery.Open(o.LocalDir, o.Job); err != nil {
 			return nil, err
 		}
 		r.local = r.ls.GetFor(o.Task, r.m, r.encoded)
+		owners, err := manifests.ListOwners(ctx, o.Store, o.Job, o.Task, ^uint64(0))
+		if err != nil {
+			return nil, err
+		}
+		owner = owners.Latest()
 	}
 	defer r.close()
 	if err := r.makeTemp(); err != nil {
@@ -160,6 +166,13 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		r.removeTemp()
 		return nil, err
+	}
+	if r.ls != nil {
+		// The task's new home: an agent on this local dir may take the
+		// task over from the owner this restore saw (and from no later one).
+		if err := r.ls.RecordTakeover(o.Task, owner); err != nil && res.LocalRecordError == "" {
+			res.LocalRecordError = err.Error()
+		}
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
