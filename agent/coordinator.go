@@ -41,6 +41,10 @@ type task struct {
 	retained []*manifests.Manifest
 	// hashes maps inode identities of the newest local copy to their hashes.
 	hashes map[localrecovery.Identity]string
+	// jobComplete is the newest job-complete checkpoint of the task that
+	// retention found (0: none yet); the job-wide checkpoints above it stay
+	// retained for manifests.JobPendingWindow (manifests.Pending).
+	jobComplete uint64
 	// problems names the task's unreadable manifests found by load.
 	problems []string
 	// retainMu serialises retention after commits (held without Agent.mu,
@@ -542,7 +546,10 @@ func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *
 	}
 	var retire []manifests.Ref
 	if ok {
-		_, retire = manifests.Retention(refs, a.cfg.Retain, protect)
+		t.jobComplete = max(t.jobComplete, protect)
+		// Job-wide checkpoints the job may still complete stay too.
+		keep := append(manifests.Pending(t.retained, t.jobComplete, time.Now()), protect)
+		_, retire = manifests.Retention(refs, a.cfg.Retain, keep...)
 	}
 	t.retained = slices.DeleteFunc(t.retained, func(r *manifests.Manifest) bool {
 		return slices.ContainsFunc(retire, func(old manifests.Ref) bool { return old.Checkpoint == r.Checkpoint })

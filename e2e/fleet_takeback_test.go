@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,5 +112,58 @@ func TestFleetAgentRevivedAfterATakeoverDoesNotTakeTheTaskBack(t *testing.T) {
 		if st.owners[task][e.Epoch].Node == "node-1" && e.Checkpoint > 2 {
 			t.Errorf("list shows checkpoint %d from node-1 after the task moved to node-4", e.Checkpoint)
 		}
+	}
+}
+
+// A task that lags behind the others by more than --retain checkpoints
+// (a slow node, an agent catching up after a restart) still completes
+// every job-wide checkpoint in the end, each of them reported completed to
+// its app: the job must get a job-complete checkpoint out of it. Retention
+// keeps only each task's newest job-complete checkpoint besides the
+// --retain newest, so the fast task retires N before the slow one commits
+// N, and no N is ever complete for both at once.
+func TestFleetATaskLaggingBeyondRetainStillYieldsJobCompleteCheckpoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: part of the fleet suite, which runs without -short")
+	}
+	base := t.TempDir()
+	const job = "lag"
+	tasks := []string{"fast", "slow"}
+	cfg := agentConfig{Socket: filepath.Join(shortDir(t), "ckpt.sock"), StorageDir: filepath.Join(base, "storage"), Job: job,
+		LocalDir: filepath.Join(base, "local"), AllowRoots: []string{base}, Extra: []string{"--retain", "2"}}
+	startAgent(t, "agent", cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := client.Dial(ctx, cfg.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const lag, last = 3, 10
+	for n := uint64(1); n <= last; n++ {
+		if err := fleetSend(ctx, t, c, base, "fast", n, tasks); err != nil {
+			t.Fatalf("fast %d: %v", n, err)
+		}
+		if n > lag {
+			if err := fleetSend(ctx, t, c, base, "slow", n-lag, tasks); err != nil {
+				t.Fatalf("slow %d: %v", n-lag, err)
+			}
+		}
+	}
+	// Both tasks reported checkpoints 1 to last-lag completed.
+	var list []fleetListEntry
+	ckptJSON(t, &list, "list", "--storage", cfg.storageURL(), "--job", job, "--json")
+	var listed []string
+	complete := 0
+	for _, e := range list {
+		listed = append(listed, fmt.Sprintf("%s/%d(job_complete=%v)", e.Task, e.Checkpoint, e.JobComplete))
+		if e.JobComplete {
+			complete++
+		}
+	}
+	t.Logf("both tasks completed checkpoints 1..%d (the slow one %d behind); list: %s", last-lag, lag, strings.Join(listed, " "))
+	if complete == 0 {
+		t.Errorf("every task reported checkpoints 1..%d completed, yet the job has no job-complete checkpoint: "+
+			"the fast task retired each N (keeping its %d newest) before the slow task committed N, so restore --job-consistent has nothing to restore", last-lag, 2)
 	}
 }

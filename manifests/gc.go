@@ -223,7 +223,11 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 				if err != nil {
 					return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
 				}
-				_, retire = Retention(refs, opts.Retain, protect)
+				keep, err := jobs.pending(ctx, refs, protect, start)
+				if err != nil {
+					return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
+				}
+				_, retire = Retention(refs, opts.Retain, append(keep, protect)...)
 			}
 			for _, old := range retire {
 				if !opts.DryRun {

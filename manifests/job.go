@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/ckpt-io/ckpt/storage"
 )
@@ -18,6 +19,28 @@ const MaxJobTasks = names.MaxTasks
 // CheckTasks checks the tasks list of a job-wide checkpoint of task (see
 // names.CheckTasks).
 func CheckTasks(task string, tasks []string) error { return names.CheckTasks(task, tasks) }
+
+// JobPendingWindow is how long retention keeps a job-wide checkpoint newer
+// than the task's newest job-complete one, whatever --retain says: a task
+// that lags behind the others (a slow node, an agent catching up after a
+// restart) can still complete it, so the job gets its next job-complete
+// checkpoint. It plays the part of Flink's checkpoint timeout.
+const JobPendingWindow = 10 * time.Minute
+
+// Pending returns the checkpoints of ms (one task's retained manifests)
+// that retention keeps while the job may still complete them: those that
+// list tasks, are newer than newestComplete (the task's newest job-complete
+// checkpoint known, 0 for none) and were created less than
+// JobPendingWindow before now.
+func Pending(ms []*Manifest, newestComplete uint64, now time.Time) []uint64 {
+	var out []uint64
+	for _, m := range ms {
+		if m.Tasks != nil && m.Checkpoint > newestComplete && now.Sub(m.Created) < JobPendingWindow {
+			out = append(out, m.Checkpoint)
+		}
+	}
+	return out
+}
 
 // SortedTasks returns a sorted copy of tasks (nil stays nil).
 func SortedTasks(tasks []string) []string {
@@ -244,6 +267,25 @@ func (r *JobReader) NewestComplete(ctx context.Context, task string) (uint64, er
 		}
 	}
 	return 0, nil
+}
+
+// pending is Pending for refs, one task's retained checkpoints, reading
+// the tasks lists of those young enough and newer than newestComplete.
+func (r *JobReader) pending(ctx context.Context, refs []Ref, newestComplete uint64, now time.Time) ([]uint64, error) {
+	var out []uint64
+	for _, ref := range refs {
+		if ref.Checkpoint <= newestComplete || now.Sub(ref.Created) >= JobPendingWindow {
+			continue
+		}
+		tasks, _, _, err := r.list(ctx, ref.Task, ref.Checkpoint)
+		if err != nil {
+			return nil, err
+		}
+		if tasks != nil {
+			out = append(out, ref.Checkpoint)
+		}
+	}
+	return out, nil
 }
 
 // NewestJobCheckpoint returns the status of the newest job-complete

@@ -268,3 +268,26 @@ func TestJobCompletenessAndRetentionProperty(t *testing.T) {
 		}
 	})
 }
+
+// Pending keeps the job-wide checkpoints above the newest job-complete one
+// that are younger than the window: not old ones, not task-local ones.
+func TestPendingKeepsYoungJobWideCheckpointsAboveTheNewestComplete(t *testing.T) {
+	now := time.Now()
+	m := func(n uint64, age time.Duration, tasks ...string) *Manifest {
+		return &Manifest{Task: "a", Checkpoint: n, Created: now.Add(-age), Tasks: tasks}
+	}
+	ms := []*Manifest{
+		m(1, time.Hour, "a", "b"),                    // old
+		m(2, time.Minute, "a", "b"),                  // the newest job-complete
+		m(3, time.Minute, "a", "b"),                  // pending
+		m(4, time.Second),                            // not job-wide
+		m(5, JobPendingWindow+time.Second, "a", "b"), // too old
+		m(6, 0, "a", "b"),                            // pending
+	}
+	if got := Pending(ms, 2, now); fmt.Sprint(got) != "[3 6]" {
+		t.Fatalf("Pending = %v, want [3 6]", got)
+	}
+	if got := Pending(ms, 0, now); fmt.Sprint(got) != "[2 3 6]" {
+		t.Fatalf("Pending with no job-complete checkpoint = %v, want [2 3 6]", got)
+	}
+}
