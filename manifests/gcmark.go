@@ -34,14 +34,7 @@ const UnsafeGCMarkDelayEnv = "CKPT_UNSAFE_GC_MARK_DELAY"
 
 // MarkDelay returns D in effect: GCMarkDelay, or less when
 // UnsafeGCMarkDelayEnv lowers it.
-func MarkDelay() time.Duration {
-	if v := os.Getenv(UnsafeGCMarkDelayEnv); v != "" {
-		if d, err := time.ParseDuration(v); err == nil && d >= 0 && d < GCMarkDelay {
-			return d
-		}
-	}
-	return GCMarkDelay
-}
+func MarkDelay() time.Duration { return lowered(UnsafeGCMarkDelayEnv, GCMarkDelay) }
 
 // gcLockHold is how long a collection that took the deletion lock may go
 // on sending deletes (by its own clock, from the moment it asked for the
@@ -62,13 +55,17 @@ const UnsafeGCLockExpiryEnv = "CKPT_UNSAFE_GC_LOCK_EXPIRY"
 
 // lockExpiry returns gcLockExpiry, or less when UnsafeGCLockExpiryEnv
 // lowers it.
-func lockExpiry() time.Duration {
-	if v := os.Getenv(UnsafeGCLockExpiryEnv); v != "" {
-		if d, err := time.ParseDuration(v); err == nil && d >= 0 && d < gcLockExpiry {
+func lockExpiry() time.Duration { return lowered(UnsafeGCLockExpiryEnv, gcLockExpiry) }
+
+// lowered returns the duration the test-only environment variable env
+// gives, when it is one below def; def otherwise.
+func lowered(env string, def time.Duration) time.Duration {
+	if v := os.Getenv(env); v != "" {
+		if d, err := time.ParseDuration(v); err == nil && d >= 0 && d < def {
 			return d
 		}
 	}
-	return gcLockExpiry
+	return def
 }
 
 // markBatch bounds the candidates one mark object names.

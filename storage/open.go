@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Opener opens a store for a parsed storage URL.
@@ -111,4 +112,27 @@ func ValidKey(key string) error {
 		}
 	}
 	return nil
+}
+
+// ProbeAttempts bounds the requests of a backend's start-up probe.
+const ProbeAttempts = 4
+
+// RetryProbe runs a backend's start-up probe: do, asked again (200 ms
+// doubling, at most ProbeAttempts times, within ctx) while transient says
+// its error is worth another try. A server that is down or refuses the
+// request should fail at once, not after minutes of backoff; an answer that
+// says "try again" (throttling, a server error, a reset connection) should
+// not stop an agent from starting. It returns do's last error.
+func RetryProbe(ctx context.Context, do func(context.Context) error, transient func(error) bool) error {
+	var err error
+	for attempt, delay := 1, 200*time.Millisecond; ; attempt, delay = attempt+1, 2*delay {
+		if err = do(ctx); err == nil || attempt == ProbeAttempts || !transient(err) || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(delay):
+		}
+	}
 }

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"syscall"
-	"time"
 
 	gcs "cloud.google.com/go/storage"
 	"google.golang.org/api/googleapi"
@@ -29,19 +28,12 @@ type OpenError = storage.OpenError
 func (s *Store) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	var err error
-	for attempt, delay := 1, 200*time.Millisecond; ; attempt, delay = attempt+1, 2*delay {
-		_, err = s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(pctx)
-		if err == nil {
-			return nil
-		}
-		if attempt == probeAttempts || !probeTransient(err) || pctx.Err() != nil {
-			break
-		}
-		select {
-		case <-pctx.Done():
-		case <-time.After(delay):
-		}
+	err := storage.RetryProbe(pctx, func(ctx context.Context) error {
+		_, err := s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(ctx)
+		return err
+	}, probeTransient)
+	if err == nil {
+		return nil
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("gs bucket %q: %w", s.name, ctx.Err())
@@ -82,9 +74,6 @@ func rootCause(err error) string {
 		err = next
 	}
 }
-
-// probeAttempts bounds the start-up probe's requests.
-const probeAttempts = 4
 
 // probeTransient reports an answer worth asking again at start-up.
 func probeTransient(err error) bool {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -30,19 +29,12 @@ type OpenError = storage.OpenError
 func (s *Store) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
-	var err error
-	for attempt, delay := 1, 200*time.Millisecond; ; attempt, delay = attempt+1, 2*delay {
-		_, err = s.client.HeadBucket(pctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)}, once)
-		if err == nil {
-			return nil
-		}
-		if attempt == probeAttempts || !probeTransient(err) || pctx.Err() != nil {
-			break
-		}
-		select {
-		case <-pctx.Done():
-		case <-time.After(delay):
-		}
+	err := storage.RetryProbe(pctx, func(ctx context.Context) error {
+		_, err := s.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)}, once)
+		return err
+	}, probeTransient)
+	if err == nil {
+		return nil
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("s3 bucket %q: %w", s.bucket, ctx.Err())
@@ -104,9 +96,6 @@ func rootCause(err error) string {
 		err = next
 	}
 }
-
-// probeAttempts bounds the start-up probe's requests.
-const probeAttempts = 4
 
 // probeTransient reports an answer worth asking again at start-up: a
 // server error, throttling, or a connection lost mid-request (never a

@@ -19,10 +19,7 @@ import (
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-const (
-	probeTimeout  = 30 * time.Second
-	probeAttempts = 4
-)
+const probeTimeout = 30 * time.Second
 
 // probe reads the container's properties and explains a failure. A server
 // that is down or refuses the request fails at once; an answer that says
@@ -32,19 +29,12 @@ func (s *Store) probe(ctx context.Context) error {
 	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
 	defer cancel()
 	rctx := policy.WithRetryOptions(pctx, policy.RetryOptions{MaxRetries: -1})
-	var err error
-	for attempt, delay := 1, 200*time.Millisecond; ; attempt, delay = attempt+1, 2*delay {
-		_, err = s.client.GetProperties(rctx, nil)
-		if err == nil {
-			return nil
-		}
-		if attempt == probeAttempts || !probeTransient(err) || pctx.Err() != nil {
-			break
-		}
-		select {
-		case <-pctx.Done():
-		case <-time.After(delay):
-		}
+	err := storage.RetryProbe(rctx, func(ctx context.Context) error {
+		_, err := s.client.GetProperties(ctx, nil)
+		return err
+	}, probeTransient)
+	if err == nil {
+		return nil
 	}
 	if ctx.Err() != nil {
 		return fmt.Errorf("az container %q: %w", s.name, ctx.Err())
