@@ -25,7 +25,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -36,26 +35,6 @@ import (
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
 )
-
-var faultErrnos = []syscall.Errno{syscall.ENOSPC, syscall.EIO, syscall.EROFS}
-
-var errnoNames = map[syscall.Errno]string{syscall.ENOSPC: "ENOSPC", syscall.EIO: "EIO", syscall.EROFS: "EROFS"}
-
-// arm arms point with errno from the hit after the first after ones, for
-// the rest of the test or until disarm.
-func arm(t *testing.T, point string, errno syscall.Errno, after int) {
-	t.Helper()
-	t.Cleanup(failpoint.Reset) // runs after t.Setenv restored the environment
-	t.Setenv("CKPT_FAILPOINT", point+"="+errnoNames[errno])
-	t.Setenv("CKPT_FAILPOINT_AFTER", strconv.Itoa(after))
-	failpoint.Reset()
-}
-
-func disarm(t *testing.T) {
-	t.Setenv("CKPT_FAILPOINT", "")
-	t.Setenv("CKPT_FAILPOINT_AFTER", "")
-	failpoint.Reset()
-}
 
 // wantCode is what the app is told for a disk fault with errno.
 func wantCode(errno syscall.Errno) string {
@@ -127,13 +106,13 @@ func (h *harness) servesOn(c *client.Client, task string, n uint64) {
 // leaves no local copy and no manifest. A failed rename of a handed-off
 // snapshot dir falls back to links; the sync phase fsyncs nothing.
 func TestDiskFaultsInTheSyncPhase(t *testing.T) {
-	for _, errno := range faultErrnos {
-		t.Run("write/"+errnoNames[errno], func(t *testing.T) {
+	for _, errno := range failpoint.Errnos {
+		t.Run("write/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 			h := startWithRestore(t)
 			c := h.dial()
 			dir := h.snapshot("s1", map[string]int{"000001.sst": 5000, "CURRENT": 16})
 			for after := range 2 { // the first file, the second
-				arm(t, failpoint.LocalWrite, errno, after)
+				failpoint.Arm(t, failpoint.LocalWrite, errno, after)
 				err := runCheckpoint(t, c, "t1", 1, dir, false)
 				var pe *protocol.Error
 				if !errors.As(err, &pe) || pe.Code != wantCode(errno) || !strings.Contains(pe.Message, h.local) || !strings.Contains(pe.Message, errno.Error()) {
@@ -144,16 +123,16 @@ func TestDiskFaultsInTheSyncPhase(t *testing.T) {
 				}
 				h.noManifest("t1", 1)
 			}
-			disarm(t)
+			failpoint.Disarm(t)
 			h.servesOn(c, "t1", 1)
 		})
-		t.Run("rename/"+errnoNames[errno], func(t *testing.T) {
+		t.Run("rename/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 			h := startWithRestore(t)
 			c := h.dial()
 			dir := h.snapshot("s1", map[string]int{"000001.sst": 5000, "CURRENT": 16})
 			// Both the handoff's rename and the record's fail: the sync
 			// phase links instead, and the checkpoint completes unkept.
-			arm(t, failpoint.LocalRename, errno, 0)
+			failpoint.Arm(t, failpoint.LocalRename, errno, 0)
 			if err := runCheckpoint(t, c, "t1", 1, dir, true); err != nil {
 				t.Fatalf("a handoff whose rename fails links instead: %v", err)
 			}
@@ -163,14 +142,14 @@ func TestDiskFaultsInTheSyncPhase(t *testing.T) {
 			if probs := h.verify("t1", 1); len(probs) != 0 {
 				t.Fatalf("checkpoint 1 does not verify: %v", probs)
 			}
-			disarm(t)
+			failpoint.Disarm(t)
 			h.servesOn(c, "t1", 2)
 		})
-		t.Run("fsync/"+errnoNames[errno], func(t *testing.T) {
+		t.Run("fsync/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 			h := startWithRestore(t)
 			c := h.dial()
 			dir := h.snapshot("s1", map[string]int{"000001.sst": 5000, "CURRENT": 16})
-			arm(t, failpoint.LocalSync, errno, 0)
+			failpoint.Arm(t, failpoint.LocalSync, errno, 0)
 			if err := runCheckpoint(t, c, "t1", 1, dir, false); err != nil {
 				t.Fatalf("the local dir is never fsynced, yet: %v", err)
 			}
@@ -195,12 +174,12 @@ func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 		{"write/manifest", failpoint.LocalWrite, 3},
 		{"rename/manifest", failpoint.LocalRename, 0},
 	} {
-		for _, errno := range faultErrnos {
-			t.Run(f.name+"/"+errnoNames[errno], func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(f.name+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				h := startWithRestore(t)
 				c := h.dial()
 				dir := h.snapshot("s1", map[string]int{"000001.sst": 5000, "CURRENT": 16})
-				arm(t, f.point, errno, f.after)
+				failpoint.Arm(t, f.point, errno, f.after)
 				if err := runCheckpoint(t, c, "t1", 1, dir, false); err != nil {
 					t.Fatalf("a failed local record failed the checkpoint: %v", err)
 				}
@@ -210,7 +189,7 @@ func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 				if hasLocalCopy(h, "t1", 1) {
 					t.Fatal("checkpoint 1 is recorded in the local dir although its record failed")
 				}
-				disarm(t)
+				failpoint.Disarm(t)
 				target := filepath.Join(h.root, "restored")
 				if ev := h.restoreOp("t1", target); ev["event"] != "restored" || ev["bytes_remote"] != ev["bytes"] {
 					t.Fatalf("restore of the unkept checkpoint: %v, want every byte from storage", ev)
@@ -228,8 +207,8 @@ func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 // local copy stays usable, and the agent serves on.
 func TestDiskFaultsOnTheRestoreTarget(t *testing.T) {
 	for _, point := range []string{failpoint.LocalWrite, failpoint.LocalSync, failpoint.LocalRename} {
-		for _, errno := range faultErrnos {
-			t.Run(point+"/"+errnoNames[errno], func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(point+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				h := startWithRestore(t)
 				c := h.dial()
 				dir := h.snapshot("s1", map[string]int{"000001.sst": 5000, "CURRENT": 16})
@@ -239,7 +218,7 @@ func TestDiskFaultsOnTheRestoreTarget(t *testing.T) {
 				parent := filepath.Join(h.root, "data")
 				os.Mkdir(parent, 0o755)
 				target := filepath.Join(parent, "db")
-				arm(t, point, errno, 0)
+				failpoint.Arm(t, point, errno, 0)
 				ev := h.restoreOp("t1", target)
 				msg, _ := ev["error"].(map[string]any)["message"].(string)
 				if ev["event"] != "failed" || code(ev) != wantCode(errno) || !strings.Contains(msg, parent) || !strings.Contains(msg, errno.Error()) {
@@ -248,7 +227,7 @@ func TestDiskFaultsOnTheRestoreTarget(t *testing.T) {
 				if entries, _ := os.ReadDir(parent); len(entries) != 0 {
 					t.Fatalf("a failed restore left %s in the target's directory", entries[0].Name())
 				}
-				disarm(t)
+				failpoint.Disarm(t)
 				ev = h.restoreOp("t1", target)
 				if ev["event"] != "restored" || ev["bytes_local"] != ev["bytes"] {
 					t.Fatalf("restore once the disk is fine: %v, want every byte from the local copy", ev)

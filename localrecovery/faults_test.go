@@ -14,44 +14,11 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/ckpt-io/ckpt/internal/failpoint"
 )
-
-var faultErrnos = []syscall.Errno{syscall.ENOSPC, syscall.EIO, syscall.EROFS}
-
-// arm arms point with errno from the next hit after the first after ones,
-// for the rest of the test.
-func arm(t *testing.T, point string, errno syscall.Errno, after int) {
-	t.Helper()
-	t.Cleanup(failpoint.Reset) // runs after t.Setenv restored the environment
-	t.Setenv("CKPT_FAILPOINT", point+"="+errnoName(errno))
-	t.Setenv("CKPT_FAILPOINT_AFTER", strconv.Itoa(after))
-	failpoint.Reset()
-}
-
-// disarm clears every failpoint for the rest of the test.
-func disarm(t *testing.T) {
-	t.Setenv("CKPT_FAILPOINT", "")
-	t.Setenv("CKPT_FAILPOINT_AFTER", "")
-	failpoint.Reset()
-}
-
-func errnoName(e syscall.Errno) string {
-	switch e {
-	case syscall.ENOSPC:
-		return "ENOSPC"
-	case syscall.EIO:
-		return "EIO"
-	case syscall.EROFS:
-		return "EROFS"
-	}
-	panic(e)
-}
 
 // notKept fails the test if checkpoint n of task is kept in the store in
 // any form: a dir, a record, or a record's temporary file.
@@ -72,32 +39,32 @@ func notKept(t *testing.T, s *Store, task string, n uint64) {
 // leaves nothing of it; a failed rename of a handed-off directory falls
 // back to links; there is no fsync to fail (the local store is a cache).
 func TestDiskFaultsInTheSyncPhase(t *testing.T) {
-	for _, errno := range faultErrnos {
-		t.Run("write/"+errnoName(errno), func(t *testing.T) {
+	for _, errno := range failpoint.Errnos {
+		t.Run("write/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 			base := t.TempDir()
 			s, _ := Open(filepath.Join(base, "local"), "job")
 			snap := filepath.Join(base, "snap")
 			write(t, snap, map[string]string{"000001.sst": "one", "000002.sst": "two", "CURRENT": "c"})
 			for after := range 3 { // the first, second and last file
-				arm(t, failpoint.LocalWrite, errno, after)
+				failpoint.Arm(t, failpoint.LocalWrite, errno, after)
 				_, err := link(t, s, "t", 1, snap)
 				if !errors.Is(err, errno) || !strings.Contains(err.Error(), s.Root()) {
 					t.Fatalf("link with the %d-th write failing: %v, want %v naming the local dir %s", after+1, err, errno, s.Root())
 				}
 				notKept(t, s, "t", 1)
 			}
-			disarm(t)
+			failpoint.Disarm(t)
 			sn, err := link(t, s, "t", 1, snap)
 			if err != nil || len(sn.Files) != 3 {
 				t.Fatalf("link once the disk is fine: %+v %v", sn, err)
 			}
 		})
-		t.Run("rename/"+errnoName(errno), func(t *testing.T) {
+		t.Run("rename/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 			base := t.TempDir()
 			s, _ := Open(filepath.Join(base, "local"), "job")
 			snap := filepath.Join(base, "snap")
 			write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
-			arm(t, failpoint.LocalRename, errno, 0)
+			failpoint.Arm(t, failpoint.LocalRename, errno, 0)
 			sn, err := s.Take("t", 1, snap, true)
 			if err != nil {
 				t.Fatalf("a handoff whose rename fails falls back to links: %v", err)
@@ -109,12 +76,12 @@ func TestDiskFaultsInTheSyncPhase(t *testing.T) {
 				t.Fatalf("the snapshot dir was not left to the app: %v", err)
 			}
 		})
-		t.Run("fsync/"+errnoName(errno), func(t *testing.T) {
+		t.Run("fsync/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 			base := t.TempDir()
 			s, _ := Open(filepath.Join(base, "local"), "job")
 			snap := filepath.Join(base, "snap")
 			write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
-			arm(t, failpoint.LocalSync, errno, 0)
+			failpoint.Arm(t, failpoint.LocalSync, errno, 0)
 			if _, err := link(t, s, "t", 1, snap); err != nil {
 				t.Fatalf("the sync phase fsyncs nothing, yet: %v", err)
 			}
@@ -127,8 +94,8 @@ func TestDiskFaultsInTheSyncPhase(t *testing.T) {
 // keeps the previous complete copy, and a later Complete succeeds.
 func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 	for _, op := range []string{"write", "rename", "fsync"} {
-		for _, errno := range faultErrnos {
-			t.Run(op+"/"+errnoName(errno), func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(op+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				base := t.TempDir()
 				s, _ := Open(filepath.Join(base, "local"), "job")
 				snap := filepath.Join(base, "snap")
@@ -147,11 +114,11 @@ func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 				for after := range writes {
 					switch op {
 					case "write":
-						arm(t, failpoint.LocalWrite, errno, after)
+						failpoint.Arm(t, failpoint.LocalWrite, errno, after)
 					case "rename":
-						arm(t, failpoint.LocalRename, errno, 0)
+						failpoint.Arm(t, failpoint.LocalRename, errno, 0)
 					case "fsync":
-						arm(t, failpoint.LocalSync, errno, 0)
+						failpoint.Arm(t, failpoint.LocalSync, errno, 0)
 					}
 					_, err := s.Complete("t", 2, m2, enc2)
 					if op == "fsync" {
@@ -173,7 +140,7 @@ func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 						t.Fatalf("the previous complete copy is gone: %+v", l)
 					}
 				}
-				disarm(t)
+				failpoint.Disarm(t)
 				if _, err := s.Complete("t", 2, m2, enc2); err != nil || s.load("t", 2) == nil {
 					t.Fatalf("complete once the disk is fine: %v", err)
 				}
@@ -188,8 +155,8 @@ func TestDiskFaultsInTheLocalCopysRecord(t *testing.T) {
 // for a complete copy.
 func TestDiskFaultsInAdoption(t *testing.T) {
 	for _, op := range []string{"write", "rename", "fsync"} {
-		for _, errno := range faultErrnos {
-			t.Run(op+"/"+errnoName(errno), func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(op+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				base := t.TempDir()
 				s, _ := Open(filepath.Join(base, "local"), "job")
 				restored := filepath.Join(base, "db")
@@ -197,11 +164,11 @@ func TestDiskFaultsInAdoption(t *testing.T) {
 				m, enc := manifestFor(t, "t", 4, restored, "000001.sst", "MANIFEST-000001")
 				switch op {
 				case "write":
-					arm(t, failpoint.LocalWrite, errno, 0)
+					failpoint.Arm(t, failpoint.LocalWrite, errno, 0)
 				case "rename":
-					arm(t, failpoint.LocalRename, errno, 0)
+					failpoint.Arm(t, failpoint.LocalRename, errno, 0)
 				case "fsync":
-					arm(t, failpoint.LocalSync, errno, 0)
+					failpoint.Arm(t, failpoint.LocalSync, errno, 0)
 				}
 				_, err := s.Adopt("t", m, enc, restored)
 				if op == "fsync" {
@@ -216,7 +183,7 @@ func TestDiskFaultsInAdoption(t *testing.T) {
 				if s.load("t", 4) != nil || s.GetFor("t", m, enc) != nil {
 					t.Fatal("a failed adoption is recorded complete")
 				}
-				disarm(t)
+				failpoint.Disarm(t)
 				if n, err := s.Adopt("t", m, enc, restored); err != nil || n != 2 || s.GetFor("t", m, enc) == nil {
 					t.Fatalf("adopt once the disk is fine: %d %v", n, err)
 				}

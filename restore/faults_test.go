@@ -14,35 +14,13 @@ package restore_test
 import (
 	"errors"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/restore"
 )
-
-var faultErrnos = []syscall.Errno{syscall.ENOSPC, syscall.EIO, syscall.EROFS}
-
-var errnoNames = map[syscall.Errno]string{syscall.ENOSPC: "ENOSPC", syscall.EIO: "EIO", syscall.EROFS: "EROFS"}
-
-// arm arms point with errno from the hit after the first after ones, for
-// the rest of the test.
-func arm(t *testing.T, point string, errno syscall.Errno, after int) {
-	t.Helper()
-	t.Cleanup(failpoint.Reset) // runs after t.Setenv restored the environment
-	t.Setenv("CKPT_FAILPOINT", point+"="+errnoNames[errno])
-	t.Setenv("CKPT_FAILPOINT_AFTER", strconv.Itoa(after))
-	failpoint.Reset()
-}
-
-func disarm(t *testing.T) {
-	t.Setenv("CKPT_FAILPOINT", "")
-	t.Setenv("CKPT_FAILPOINT_AFTER", "")
-	failpoint.Reset()
-}
 
 // fault is one place of the matrix: the failpoint, how many of its hits
 // pass first, and whether the restore takes files from the local copy.
@@ -74,15 +52,15 @@ var targetFaults = []fault{
 
 func TestDiskFaultsOnTheRestoreTarget(t *testing.T) {
 	for _, f := range targetFaults {
-		for _, errno := range faultErrnos {
-			t.Run(f.name+"/"+errnoNames[errno], func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(f.name+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				e := setup(t)
 				localDir := filepath.Join(e.base, "local")
 				o := restore.Options{}
 				if f.local {
 					o.LocalDir = localDir
 				}
-				arm(t, f.point, errno, f.after)
+				failpoint.Arm(t, f.point, errno, f.after)
 				_, err := e.run(o)
 				if !errors.Is(err, errno) {
 					t.Fatalf("restore: %v, want %v", err, errno)
@@ -96,7 +74,7 @@ func TestDiskFaultsOnTheRestoreTarget(t *testing.T) {
 				}
 				// With the fault cleared, a restore succeeds and verifies,
 				// taking what it can from the local copy.
-				disarm(t)
+				failpoint.Disarm(t)
 				res, err := e.run(restore.Options{LocalDir: localDir})
 				if err != nil {
 					t.Fatalf("restore once the disk is fine: %v", err)
@@ -121,17 +99,17 @@ func TestDiskFaultsWhenTheLocalCopyIsMoved(t *testing.T) {
 		{"fsync/temp-dir", failpoint.LocalSync, 2, true},
 		{"rename/into-place", failpoint.LocalRename, 0, true},
 	} {
-		for _, errno := range faultErrnos {
-			t.Run(f.name+"/"+errnoNames[errno], func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(f.name+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				e := setup(t)
 				localDir := filepath.Join(e.base, "local")
-				arm(t, f.point, errno, f.after)
+				failpoint.Arm(t, f.point, errno, f.after)
 				_, err := e.run(restore.Options{LocalDir: localDir, TrustUnchangedLocal: true})
 				if !errors.Is(err, errno) {
 					t.Fatalf("restore: %v, want %v", err, errno)
 				}
 				e.nothingVisible()
-				disarm(t)
+				failpoint.Disarm(t)
 				res, err := e.run(restore.Options{LocalDir: localDir, TrustUnchangedLocal: true})
 				if err != nil {
 					t.Fatalf("restore once the disk is fine: %v", err)
@@ -156,13 +134,13 @@ func TestDiskFaultsWhileRecordingTheRestoreInTheLocalDir(t *testing.T) {
 		{"rename/record", failpoint.LocalRename, 1, true},
 		{"fsync/adopt", failpoint.LocalSync, 6, true},
 	} {
-		for _, errno := range faultErrnos {
-			t.Run(f.name+"/"+errnoNames[errno], func(t *testing.T) {
+		for _, errno := range failpoint.Errnos {
+			t.Run(f.name+"/"+failpoint.ErrnoName(errno), func(t *testing.T) {
 				e := setup(t)
 				// A fresh local dir: everything comes from storage, and the
 				// restore is adopted there.
 				localDir := filepath.Join(e.base, "local2")
-				arm(t, f.point, errno, f.after)
+				failpoint.Arm(t, f.point, errno, f.after)
 				res, err := e.run(restore.Options{LocalDir: localDir})
 				if err != nil {
 					t.Fatalf("restore: %v (the store was in place: a failed record must not fail it)", err)
@@ -185,7 +163,7 @@ func TestDiskFaultsWhileRecordingTheRestoreInTheLocalDir(t *testing.T) {
 					t.Fatal("a failed record left a complete local checkpoint")
 				}
 				// A later restore on this node fetches from storage and verifies.
-				disarm(t)
+				failpoint.Disarm(t)
 				e.target = filepath.Join(e.base, "restored", "db2")
 				res, err = e.run(restore.Options{LocalDir: localDir})
 				if err != nil || res.BytesRemote != res.Bytes {
