@@ -303,15 +303,7 @@ func copyAt(dir, to *os.File, name string, owner uint32) error {
 		return err
 	}
 	out := os.NewFile(uintptr(fd), name)
-	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
-		out.Close()
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return writeAndClose(out, in)
 }
 
 // foreign applies the owner rule to a snapshot file: it returns why the
@@ -420,15 +412,7 @@ func copyFile(from, to string) error {
 	if err != nil {
 		return err
 	}
-	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
-		out.Close()
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
+	return writeAndClose(out, in)
 }
 
 // Complete records checkpoint n of task as complete (m, and its encoded
@@ -831,4 +815,18 @@ func (s *Store) TakeoverEpoch(task string) (epoch uint64, ok bool) {
 	}
 	e, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 64)
 	return e, err == nil
+}
+
+// writeAndClose copies in into the new file out and closes it (the copy's write
+// step, where the disk-fault suite fails writes).
+func writeAndClose(out *os.File, in io.Reader) error {
+	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
+		out.Close()
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
