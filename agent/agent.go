@@ -88,6 +88,12 @@ type Config struct {
 	// MaxQueued bounds the synced checkpoints of one task waiting for an
 	// async slot; beyond it requests are refused as unavailable (default 4).
 	MaxQueued int
+	// CheckpointTimeout bounds a checkpoint's async phase (default 10m;
+	// negative: no bound). One past it is cancelled and fails with
+	// unavailable, naming the step it was in; its uploads are left to GC
+	// and the task's next queued checkpoint starts. A request's timeout_ms
+	// may lower it.
+	CheckpointTimeout time.Duration
 	// CommitPatience is how long the manifest commit keeps retrying
 	// transient storage errors once every object is uploaded (default 2m).
 	CommitPatience time.Duration
@@ -180,6 +186,9 @@ func (c *Config) defaults() error {
 	}
 	if c.CommitPatience == 0 {
 		c.CommitPatience = 2 * time.Minute
+	}
+	if c.CheckpointTimeout == 0 {
+		c.CheckpointTimeout = 10 * time.Minute
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 30 * time.Second

@@ -76,6 +76,7 @@ func runAgent(ctx context.Context, args []string) error {
 	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
 	maxQueued := fs.Int("max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
 	shutdown := fs.Duration("shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
+	ckptTimeout := fs.Duration("checkpoint-timeout", 10*time.Minute, "bound on a checkpoint's async phase: past it the checkpoint fails with unavailable and the next one starts (0: none; a request's timeout_ms may lower it)")
 	patience := fs.Duration("commit-patience", 2*time.Minute, "how long a manifest commit retries storage errors once every object is uploaded")
 	uploadRate := fs.Int64("upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
@@ -107,6 +108,12 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	if *maxConns < 1 {
 		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", *maxConns)}
+	}
+	if *ckptTimeout < 0 {
+		return usageError{fmt.Errorf("--checkpoint-timeout must not be negative (0: none)")}
+	}
+	if *ckptTimeout == 0 {
+		*ckptTimeout = -1 // none
 	}
 	if *idleTimeout < 0 {
 		return usageError{fmt.Errorf("--idle-timeout must not be negative (0: never)")}
@@ -154,7 +161,7 @@ func runAgent(ctx context.Context, args []string) error {
 		AllowUIDs: uids, AllowGIDs: gids, MaxConnections: *maxConns, IdleTimeout: idle,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval, ReuseCheckMaxAge: *reuseMaxAge, ScrubRate: *scrubRate,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
-		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
+		ShutdownGrace: *shutdown, CommitPatience: *patience, CheckpointTimeout: *ckptTimeout, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: r.Task, Checkpoint: r.Checkpoint,
