@@ -112,6 +112,13 @@ type Config struct {
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
 	Drill         func(ctx context.Context, task string) (*restore.DrillResult, error)
+	// StandbyFor names tasks this agent follows without owning them: it
+	// keeps the newest checkpoint of each in its local dir, refreshed by
+	// Standby every StandbyInterval (default 10s), so that a restore of the
+	// task on this node is local (see restore.Refresh).
+	StandbyFor      []string
+	StandbyInterval time.Duration
+	Standby         func(ctx context.Context, task string) (*restore.RefreshResult, error)
 	// Restore serves the restore op: it restores the checkpoint the
 	// request picks (Checkpoint, 0: the newest complete one; JobConsistent:
 	// the newest job-complete one) of Task into Target, a directory the
@@ -186,6 +193,14 @@ func (c *Config) defaults() error {
 	}
 	if c.CommitPatience == 0 {
 		c.CommitPatience = 2 * time.Minute
+	}
+	if c.StandbyInterval <= 0 {
+		c.StandbyInterval = 10 * time.Second
+	}
+	for _, task := range c.StandbyFor {
+		if err := manifests.ValidName("task", task); err != nil {
+			return fmt.Errorf("standby: %w", err)
+		}
 	}
 	if c.CheckpointTimeout == 0 {
 		c.CheckpointTimeout = 10 * time.Minute
@@ -362,6 +377,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.ScrubRate > 0 {
 		a.jobs.Add(1)
 		go a.scrubs(ctx)
+	}
+	if len(a.cfg.StandbyFor) > 0 && a.cfg.Standby != nil {
+		a.jobs.Add(1)
+		go a.standbys(ctx)
 	}
 
 	<-ctx.Done()

@@ -84,6 +84,10 @@ func runAgent(ctx context.Context, args []string) error {
 	drillEvery := fs.Duration("drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
 	drillRate := fs.Int64("drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
 	scratch := fs.String("drill-dir", "", "scratch directory for drills (default: the system temp dir)")
+	var standbyFor stringList
+	fs.Var(&standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
+	standbyEvery := fs.Duration("standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
+	standbyRate := fs.Int64("standby-rate", 0, "bandwidth limit for standby downloads in bytes/s (0: unlimited)")
 	createStorage := fs.Bool("create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
@@ -136,8 +140,22 @@ func runAgent(ctx context.Context, args []string) error {
 		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
 	}
 	warnLoweredGraceFloor()
-	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 {
-		return usageError{fmt.Errorf("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
+	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 || *standbyRate < 0 {
+		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
+	}
+	if *standbyEvery <= 0 {
+		return usageError{fmt.Errorf("--standby-interval must be positive")}
+	}
+	var followed []string
+	for _, v := range standbyFor {
+		for _, task := range strings.Split(v, ",") {
+			if task = strings.TrimSpace(task); task != "" {
+				if err := manifests.ValidName("task", task); err != nil {
+					return usageError{fmt.Errorf("--standby-for: %w", err)}
+				}
+				followed = append(followed, task)
+			}
+		}
 	}
 	// Telemetry first: the store's metrics decorator registers with it.
 	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: *store, Version: version})
@@ -174,6 +192,13 @@ func runAgent(ctx context.Context, args []string) error {
 		cfg.DrillInterval = *drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
 			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: *job, Task: task, ScratchDir: *scratch, Check: engines.Check})
+		}
+	}
+	if len(followed) > 0 {
+		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: *standbyRate})
+		cfg.StandbyFor, cfg.StandbyInterval = followed, *standbyEvery
+		cfg.Standby = func(ctx context.Context, task string) (*restore.RefreshResult, error) {
+			return restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: *job, Task: task, LocalDir: *localDir})
 		}
 	}
 	a, err := agent.New(cfg)
