@@ -18,7 +18,7 @@ import (
 	"github.com/ckpt-io/ckpt/manifests"
 )
 
-func TestClassifySharesTableAndBlobFilesOnly(t *testing.T) {
+func TestRocksDBClassifySharesTableAndBlobFilesOnly(t *testing.T) {
 	for name, want := range map[string]manifests.Kind{
 		"000012.sst":         manifests.Shared,
 		"000013.blob":        manifests.Shared,
@@ -137,7 +137,7 @@ func withSuffix(t *testing.T, dir, suffix string) []string {
 	return m
 }
 
-func TestCheckReadsEveryKeyAndChangesNothing(t *testing.T) {
+func TestRocksDBCheckReadsEveryKeyAndChangesNothing(t *testing.T) {
 	s := newStore(t, 3, 500)
 	if n := len(withSuffix(t, s.dir, ".sst")); n < 6 {
 		t.Fatalf("the checkpoint holds %d table files, want at least 6", n)
@@ -182,7 +182,7 @@ func flip(t *testing.T, path string, n int) {
 
 // TestCheckNamesACorruptFile: the file pass finds the corruption first
 // and names the file; the read-through finds it too, on its own.
-func TestCheckNamesACorruptFile(t *testing.T) {
+func TestRocksDBCheckNamesACorruptFile(t *testing.T) {
 	for suffix, what := range map[string]string{".sst": "table file", ".blob": "blob file"} {
 		t.Run("a flipped byte in a "+what, func(t *testing.T) {
 			s := newStore(t, 2, 300)
@@ -205,7 +205,7 @@ func TestCheckNamesACorruptFile(t *testing.T) {
 // TestCheckFindsACorruptBlobNoKeyReads: a blob file whose values were all
 // overwritten is still in the checkpoint (no compaction ran); reading the
 // store never reaches it, the blob file pass does.
-func TestCheckFindsACorruptBlobNoKeyReads(t *testing.T) {
+func TestRocksDBCheckFindsACorruptBlobNoKeyReads(t *testing.T) {
 	var s store
 	opts := grocksdb.NewDefaultOptions()
 	defer opts.Destroy()
@@ -259,7 +259,7 @@ func TestCheckFindsACorruptBlobNoKeyReads(t *testing.T) {
 	}
 }
 
-func TestCheckRefusesWhatIsNotAStore(t *testing.T) {
+func TestRocksDBCheckRefusesWhatIsNotAStore(t *testing.T) {
 	empty := t.TempDir()
 	file := filepath.Join(empty, "f")
 	os.WriteFile(file, []byte("x"), 0o644)
@@ -281,7 +281,7 @@ func TestCheckRefusesWhatIsNotAStore(t *testing.T) {
 	}
 }
 
-func TestCheckHonoursACanceledContext(t *testing.T) {
+func TestRocksDBCheckHonoursACanceledContext(t *testing.T) {
 	s := newStore(t, 1, 10)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
