@@ -74,6 +74,7 @@ func verifyBlob(ctx context.Context, path string) error {
 	off, end := int64(blobHeaderSize), size-blobFooterSize
 	var records uint64
 	var rec [blobRecordHeader]byte
+	buf := make([]byte, 64<<10)
 	for off < end {
 		if records%1024 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -94,11 +95,16 @@ func verifyBlob(ctx context.Context, path string) error {
 		if klen > body || vlen > body-klen {
 			return corrupt("the record at offset %d is longer than the file", off)
 		}
-		h := crc32.New(castagnoli)
-		if _, err := io.CopyN(h, r, int64(klen+vlen)); err != nil {
-			return corrupt("record at offset %d: %v", off, err)
+		var crc uint32
+		for left := klen + vlen; left > 0; {
+			chunk := buf[:min(uint64(len(buf)), left)]
+			if _, err := io.ReadFull(r, chunk); err != nil {
+				return corrupt("record at offset %d: %v", off, err)
+			}
+			crc = crc32.Update(crc, castagnoli, chunk)
+			left -= uint64(len(chunk))
 		}
-		if maskCRC(h.Sum32()) != binary.LittleEndian.Uint32(rec[28:]) {
+		if maskCRC(crc) != binary.LittleEndian.Uint32(rec[28:]) {
 			return corrupt("blob checksum mismatch in the record at offset %d", off)
 		}
 		off += blobRecordHeader + int64(klen+vlen)
