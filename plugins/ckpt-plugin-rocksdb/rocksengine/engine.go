@@ -30,6 +30,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/engines"
 	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/plugins/ckpt-plugin-rocksdb/blobfile"
 )
 
 // Name is the engine's name in checkpoint requests and manifests.
@@ -127,6 +128,26 @@ func verifySST(path string) error {
 	}
 	defer C.free(unsafe.Pointer(msg))
 	return fmt.Errorf("rocksdb check: table file %s is corrupt: %s", filepath.Base(path), C.GoString(msg))
+}
+
+// verifyBlob checks every record of one blob file against its CRC.
+func verifyBlob(ctx context.Context, path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("rocksdb check: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("rocksdb check: %w", err)
+	}
+	if err := blobfile.Verify(ctx, f, fi.Size()); err != nil {
+		if errors.Is(err, blobfile.ErrCorrupt) {
+			return fmt.Errorf("rocksdb check: blob file %s is corrupt: %v", filepath.Base(path), err)
+		}
+		return fmt.Errorf("rocksdb check: blob file %s: %w", filepath.Base(path), err)
+	}
+	return nil
 }
 
 // scan opens the store in dir read-only and reads every key of every

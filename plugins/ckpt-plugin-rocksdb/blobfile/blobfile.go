@@ -1,6 +1,9 @@
-//go:build rocksdb
-
-package rocksengine
+// Package blobfile checks RocksDB blob files (the values BlobDB keeps out
+// of its table files) against their checksums, in pure Go: the C API of
+// RocksDB 7.8 has no blob file reader. Every record's header and body CRC
+// is checked, so a blob no live key references any more is covered too
+// (RocksDB's own readers check a blob only when a read reaches it).
+package blobfile
 
 import (
 	"bufio"
@@ -10,8 +13,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	"io"
-	"os"
-	"path/filepath"
 )
 
 // RocksDB's blob file format (db/blob/blob_log_format.h, version 1):
@@ -34,35 +35,31 @@ const (
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
+// ErrCorrupt matches (errors.Is) every error Verify returns for bytes
+// that do not verify; the error's text says what and where.
+var ErrCorrupt = errors.New("corrupt blob file")
+
+type corruptError string
+
+func (e corruptError) Error() string      { return string(e) }
+func (corruptError) Is(target error) bool { return target == ErrCorrupt }
+
 // maskCRC is RocksDB's crc32c::Mask.
 func maskCRC(c uint32) uint32 { return ((c >> 15) | (c << 17)) + 0xa282ead8 }
 
-// verifyBlob reads the blob file at path through and checks the CRC of
-// every record and of the footer, and that the footer counts the records.
-// RocksDB's own readers check a blob's CRC only when a read reaches it;
-// this also covers blobs no live key references any more. The C API of
-// RocksDB 7.8 has no blob file reader, so the format is read here.
-func verifyBlob(ctx context.Context, path string) error {
-	name := filepath.Base(path)
-	f, err := os.Open(path)
-	if err != nil {
-		return fmt.Errorf("rocksdb check: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return fmt.Errorf("rocksdb check: %w", err)
-	}
-	corrupt := func(format string, a ...any) error {
-		return fmt.Errorf("rocksdb check: blob file %s is corrupt: %s", name, fmt.Sprintf(format, a...))
-	}
-	size := fi.Size()
+// Verify checks the blob file read from r, of size bytes: the header's
+// magic number and version, the CRC of every record, and the footer's CRC
+// and record count. It reads r once, through, in bounded memory; a file
+// that is not a sealed version-1 blob file is an error saying what is
+// wrong and where. ctx is checked every 1,024 records.
+func Verify(ctx context.Context, r io.Reader, size int64) error {
+	corrupt := func(format string, a ...any) error { return corruptError(fmt.Sprintf(format, a...)) }
 	if size < blobHeaderSize+blobFooterSize {
 		return corrupt("%d bytes, shorter than a header and a footer", size)
 	}
-	r := bufio.NewReaderSize(f, 1<<20)
+	br := bufio.NewReaderSize(r, 256<<10)
 	var hdr [blobHeaderSize]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+	if _, err := io.ReadFull(br, hdr[:]); err != nil {
 		return corrupt("header: %v", err)
 	}
 	if m := binary.LittleEndian.Uint32(hdr[0:]); m != blobMagic {
@@ -84,7 +81,7 @@ func verifyBlob(ctx context.Context, path string) error {
 		if end-off < blobRecordHeader {
 			return corrupt("a record header at offset %d runs into the footer", off)
 		}
-		if _, err := io.ReadFull(r, rec[:]); err != nil {
+		if _, err := io.ReadFull(br, rec[:]); err != nil {
 			return corrupt("record at offset %d: %v", off, err)
 		}
 		if got, want := maskCRC(crc32.Checksum(rec[:24], castagnoli)), binary.LittleEndian.Uint32(rec[24:]); got != want {
@@ -98,7 +95,7 @@ func verifyBlob(ctx context.Context, path string) error {
 		var crc uint32
 		for left := klen + vlen; left > 0; {
 			chunk := buf[:min(uint64(len(buf)), left)]
-			if _, err := io.ReadFull(r, chunk); err != nil {
+			if _, err := io.ReadFull(br, chunk); err != nil {
 				return corrupt("record at offset %d: %v", off, err)
 			}
 			crc = crc32.Update(crc, castagnoli, chunk)
@@ -111,7 +108,7 @@ func verifyBlob(ctx context.Context, path string) error {
 		records++
 	}
 	var foot [blobFooterSize]byte
-	if _, err := io.ReadFull(r, foot[:]); err != nil {
+	if _, err := io.ReadFull(br, foot[:]); err != nil {
 		return corrupt("footer: %v", err)
 	}
 	if m := binary.LittleEndian.Uint32(foot[0:]); m != blobMagic {
@@ -123,8 +120,8 @@ func verifyBlob(ctx context.Context, path string) error {
 	if n := binary.LittleEndian.Uint64(foot[4:]); n != records {
 		return corrupt("the footer counts %d blobs, the file holds %d", n, records)
 	}
-	if _, err := r.ReadByte(); !errors.Is(err, io.EOF) {
-		return corrupt("bytes after the footer")
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		return corrupt("bytes after the footer, or a file longer than its size")
 	}
 	return nil
 }
