@@ -285,10 +285,19 @@ func TestRocksDBCheckpointsRestoreAndCheckThroughThePlugin(t *testing.T) {
 		EngineChecked bool   `json:"engine_checked"`
 		Keys          int64  `json:"keys"`
 	}
-	ckptJSON(t, &drill, "drill", "--storage", "file://"+storageDir, "--job", job, "--task", task,
-		"--engine", "rocksdb", "--plugin-dir", pluginDir, "--scratch", t.TempDir(), "--json")
-	if drill.Checkpoint != 2 || !drill.Verified || !drill.EngineChecked || drill.Keys != int64(app.keys) {
-		t.Errorf("drill --engine rocksdb: %+v, want checkpoint 2 opened by the plugin with %d keys", drill, app.keys)
+	for _, engineFlag := range [][]string{{"--engine", "rocksdb"}, nil} { // nil: the manifest's engine
+		drill.EngineChecked, drill.Keys = false, 0
+		args := append([]string{"drill", "--storage", "file://" + storageDir, "--job", job, "--task", task,
+			"--plugin-dir", pluginDir, "--scratch", t.TempDir(), "--json"}, engineFlag...)
+		ckptJSON(t, &drill, args...)
+		if drill.Checkpoint != 2 || !drill.Verified || !drill.EngineChecked || drill.Keys != int64(app.keys) {
+			t.Errorf("drill %v: %+v, want checkpoint 2 opened by the plugin with %d keys", engineFlag, drill, app.keys)
+		}
+	}
+	drill.EngineChecked = true
+	ckptJSON(t, &drill, "drill", "--storage", "file://"+storageDir, "--job", job, "--task", task, "--scratch", t.TempDir(), "--json")
+	if drill.EngineChecked {
+		t.Errorf("drill without the plugin: %+v; the built-in rocksdb engine cannot open a store", drill)
 	}
 	if r := runCkpt(t, "drill", "--storage", "file://"+storageDir, "--job", job, "--task", task, "--engine", "nosuch", "--json"); r.Code != 2 ||
 		!strings.Contains(string(r.Stderr), `unknown engine "nosuch"`) {
