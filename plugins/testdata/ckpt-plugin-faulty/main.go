@@ -7,6 +7,9 @@
 //     returns; it prints to stdout before Serve and on every Put.
 //   - ckpt-plugin-testengine serves the engine "testengine": *.dat files
 //     are shared, Check counts the files of the directory.
+//
+// Started with CKPT_TEST_RAN_FILE set, it first appends its name to that
+// file, so that a test can tell whether it ran at all.
 package main
 
 import (
@@ -28,6 +31,13 @@ import (
 
 func main() {
 	name := strings.TrimPrefix(filepath.Base(os.Args[0]), "ckpt-plugin-")
+	// Tests that must prove a binary was never run name a file here.
+	if p := os.Getenv("CKPT_TEST_RAN_FILE"); p != "" {
+		if f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
+			fmt.Fprintln(f, name)
+			f.Close()
+		}
+	}
 	fmt.Println("noise on stdout before Serve")
 	os.Stdout.WriteString("more noise\n")
 	syscall.Write(1, []byte("raw noise on fd 1\n"))
