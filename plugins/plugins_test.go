@@ -77,7 +77,7 @@ func TestMain(m *testing.M) {
 // install makes a plugin directory in t.TempDir() holding the named
 // binaries: "memstore" installs ckpt-plugin-memstore; "faulty=v2"
 // installs ckpt-plugin-faulty as ckpt-plugin-v2.
-func install(t *testing.T, names ...string) string {
+func install(t testing.TB, names ...string) string {
 	t.Helper()
 	src := built(t)
 	dir := t.TempDir()

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -74,6 +75,7 @@ func ServeEngine(e engines.Engine) {
 
 func serve(desc *pluginpb.DescribeResponse, register func(*grpc.Server)) {
 	restoreStdout()
+	stop := startCPUProfile()
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: wire.Handshake,
 		Plugins: plugin.PluginSet{wire.PluginName: &wire.GRPCPlugin{Register: func(s *grpc.Server) {
@@ -88,7 +90,32 @@ func serve(desc *pluginpb.DescribeResponse, register func(*grpc.Server)) {
 		},
 		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: os.Stderr, JSONFormat: true}),
 	})
+	stop()
 	os.Exit(0)
+}
+
+// startCPUProfile profiles the plugin's CPU into the file
+// $CKPT_PLUGIN_CPUPROFILE.<pid> when that variable is set (the plugin
+// inherits the host's environment), until the host stops the plugin.
+func startCPUProfile() (stop func()) {
+	path := os.Getenv("CKPT_PLUGIN_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "CKPT_PLUGIN_CPUPROFILE: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "CKPT_PLUGIN_CPUPROFILE: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 func fatal(msg string) {
