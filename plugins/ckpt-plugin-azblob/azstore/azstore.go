@@ -153,6 +153,9 @@ func New(ctx context.Context, o Options) (*Store, error) {
 			return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q: AZURE_STORAGE_CONNECTION_STRING is not usable: %v", o.Container, err), Err: err}
 		}
 	} else {
+		if u, perr := url.Parse(o.Endpoint); perr != nil || u.Scheme != "https" || u.Host == "" {
+			return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q: endpoint %q: the Azure identity chain sends tokens only to an https:// endpoint (use one, or AZURE_STORAGE_CONNECTION_STRING)", o.Container, redact(o.Endpoint)), Err: perr}
+		}
 		cred := o.Credential
 		if cred == nil {
 			cred, err = azidentity.NewDefaultAzureCredential(nil)
