@@ -51,6 +51,7 @@ func built(t testing.TB) string {
 			{"build", "-o", buildDir + "/", "./plugins/...", "./examples/ckpt-plugin-memstore"},
 			{"build", "-o", filepath.Join(buildDir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty"},
 			{"build", "-o", filepath.Join(buildDir, "ckpt-plugin-badhandshake"), "./plugins/testdata/ckpt-plugin-badhandshake"},
+			{"build", "-o", filepath.Join(buildDir, "ckpt-plugin-liar"), "./plugins/testdata/ckpt-plugin-liar"},
 		} {
 			cmd := exec.Command("go", args...)
 			cmd.Dir = root

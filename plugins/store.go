@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -322,6 +323,9 @@ func (s *Store) Stat(ctx context.Context, key string) (storage.ObjectInfo, error
 	if err != nil {
 		return storage.ObjectInfo{}, s.p.fail(ctx, sess, "stat "+key, err)
 	}
+	if o.Key != key || o.Size < 0 {
+		return storage.ObjectInfo{}, fmt.Errorf("stat %s: plugin %s answered for key %q with size %d: a broken plugin, report it to its author", key, s.p.label(), o.Key, o.Size)
+	}
 	return objectInfo(o), nil
 }
 
@@ -343,6 +347,7 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 	if err != nil {
 		return s.p.fail(ctx, sess, what, err)
 	}
+	last, first := "", true
 	for {
 		page, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -352,6 +357,23 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 			return s.p.fail(ctx, sess, what, err)
 		}
 		for _, o := range page.Objects {
+			// A listing decides what GC deletes and what a checkpoint
+			// reuses: a malformed one fails the call, it is not passed on.
+			var bad string
+			switch {
+			case storage.ValidKey(o.Key) != nil:
+				bad = storage.ValidKey(o.Key).Error()
+			case !strings.HasPrefix(o.Key, prefix):
+				bad = "it is not under the prefix"
+			case o.Size < 0:
+				bad = fmt.Sprintf("negative size %d", o.Size)
+			case !first && o.Key <= last:
+				bad = fmt.Sprintf("out of order after %q (keys come in strictly increasing order)", last)
+			}
+			if bad != "" {
+				return fmt.Errorf("%s: plugin %s listed key %q: %s: a broken plugin, report it to its author", what, s.p.label(), o.Key, bad)
+			}
+			last, first = o.Key, false
 			if err := fn(objectInfo(o)); err != nil {
 				return err
 			}
