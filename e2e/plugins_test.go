@@ -171,3 +171,41 @@ func TestPluginPinsFromFlagsFileAndConfig(t *testing.T) {
 		t.Errorf("agent with a wrong pin in --config: exit %d\n%s", res.Code, res.Stderr)
 	}
 }
+
+// TestAgentLivesOnAPluginThatCrashes: a storage plugin that crashes
+// mid-upload, every time, fails that checkpoint with unavailable and a
+// message naming the plugin; the agent keeps serving, and once the plugin
+// behaves the next checkpoint (restarting it) completes.
+func TestAgentLivesOnAPluginThatCrashes(t *testing.T) {
+	dir := t.TempDir()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
+	}
+	crashFile := filepath.Join(t.TempDir(), "crash")
+	writeFile(t, crashFile, nil)
+	snaps, localDir := t.TempDir(), t.TempDir()
+	socket := filepath.Join(shortDir(t), "ckpt.sock")
+	a := startAgent(t, "A", agentConfig{Socket: socket, Storage: "faulty://" + t.TempDir(), Job: "orders", LocalDir: localDir,
+		AllowRoots: []string{snaps}, Env: []string{"CKPT_PLUGIN_DIR=" + dir, "CKPT_TEST_CRASH_FILE=" + crashFile}})
+
+	snap1 := filepath.Join(snaps, "snap-1")
+	writeFencingSnapshot(t, snap1, 1)
+	o := triggerAsync(socket, "orders-1", 1, snap1)
+	if o.err != nil || o.code != 1 || o.ev.Event != "failed" || o.ev.Error == nil || o.ev.Error.Code != "unavailable" ||
+		!strings.Contains(o.ev.Error.Message, "ckpt-plugin-faulty") || !strings.Contains(o.ev.Error.Message, "crashing on purpose") {
+		t.Fatalf("checkpoint through a crashing plugin: exit %d, %+v, %v\n%s", o.code, o.ev, o.err, o.stder)
+	}
+	if err := hello(socket); err != nil {
+		t.Fatalf("the agent after the plugin crashed: %v\n%s", err, a.stderr)
+	}
+	os.Remove(crashFile)
+	snap2 := filepath.Join(snaps, "snap-2")
+	writeFencingSnapshot(t, snap2, 2)
+	trigger(t, socket, "orders-1", 2, snap2)
+}

@@ -9,7 +9,10 @@
 //     are shared, Check counts the files of the directory.
 //
 // Started with CKPT_TEST_RAN_FILE set, it first appends its name to that
-// file, so that a test can tell whether it ran at all.
+// file, so that a test can tell whether it ran at all. While the file
+// CKPT_TEST_CRASH_FILE names exists, every Put of a key with a /shared/
+// segment crashes the process halfway through the body (an agent's
+// upload of a data file).
 package main
 
 import (
@@ -59,7 +62,13 @@ type faulty struct{ storage.Store }
 
 func (f *faulty) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
 	fmt.Println("put", key) // after Serve: forwarded to the host's log
-	if strings.HasPrefix(key, "crash/") {
+	crash := strings.HasPrefix(key, "crash/")
+	if p := os.Getenv("CKPT_TEST_CRASH_FILE"); p != "" && strings.Contains(key, "/shared/") {
+		if _, err := os.Stat(p); err == nil {
+			crash = true
+		}
+	}
+	if crash {
 		io.CopyN(io.Discard, body, size/2)
 		// Straight to file descriptor 2, as a panic is written.
 		syscall.Write(2, []byte("faulty plugin: crashing on purpose\n"))

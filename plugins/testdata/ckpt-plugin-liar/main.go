@@ -44,15 +44,22 @@ func main() {
 	})
 }
 
-type info struct{ pluginpb.UnimplementedInfoServer }
+type info struct {
+	pluginpb.UnimplementedInfoServer
+}
 
 func (info) Describe(context.Context, *pluginpb.DescribeRequest) (*pluginpb.DescribeResponse, error) {
 	return &pluginpb.DescribeResponse{Kind: "storage", Schemes: []string{"liar"}, Protocol: wire.ProtocolVersion}, nil
 }
 
-type liar struct{ pluginpb.UnimplementedStorageServer }
+type liar struct {
+	pluginpb.UnimplementedStorageServer
+}
 
-func lie(key string) string { s, _, _ := strings.Cut(key, "/"); return s }
+func lie(key string) string {
+	s, _, _ := strings.Cut(key, "/")
+	return s
+}
 
 func (liar) Open(context.Context, *pluginpb.OpenRequest) (*pluginpb.OpenResponse, error) {
 	return &pluginpb.OpenResponse{Handle: 1, Name: "liar://"}, nil
