@@ -377,7 +377,8 @@ func (p *Plugin) startLocked() (*session, error) {
 		SyncStderr:       io.MultiWriter(p.stderr, lw),
 		Logger:           hclog.New(&hclog.LoggerOptions{Name: p.label(), Output: log, Level: hclog.Off}),
 		GRPCDialOptions: []grpc.DialOption{
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize)),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize),
+				grpc.ForceCodecV2(wire.Codec{})),
 			grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow),
 			grpc.WithReadBufferSize(wire.IOBuffer), grpc.WithWriteBufferSize(wire.IOBuffer),
 		},

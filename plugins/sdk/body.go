@@ -78,15 +78,22 @@ func (b *pipeBody) receive(stream pluginpb.Storage_PutServer) {
 func (b *pipeBody) receiveAll(stream pluginpb.Storage_PutServer) error {
 	crc := crc32.New(wire.Castagnoli)
 	var n int64
+	in := wire.InChunk{Field: wire.PutChunkField, Msg: &pluginpb.PutRequest{}}
+	defer in.Free()
 	for {
-		m, err := stream.Recv()
+		err := stream.RecvMsg(&in)
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return wire.InvalidArgument("put %s: the body ended after %d of %d bytes without a trailer", b.key, n, b.size)
 			}
 			return err
 		}
-		if c := m.GetChunk(); c != nil {
+		m := in.Msg.(*pluginpb.PutRequest)
+		c := in.Data
+		if c == nil {
+			c = m.GetChunk()
+		}
+		if c != nil {
 			if n+int64(len(c)) > b.size {
 				return wire.InvalidArgument("put %s: more than the %d bytes declared", b.key, b.size)
 			}

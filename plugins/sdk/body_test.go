@@ -11,7 +11,9 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/ckpt-io/ckpt/plugins/internal/wire"
 	"github.com/ckpt-io/ckpt/plugins/proto"
@@ -37,6 +39,19 @@ func (s *putStream) Recv() (*pluginpb.PutRequest, error) {
 	m := s.msgs[0]
 	s.msgs = s.msgs[1:]
 	return m, nil
+}
+
+// RecvMsg decodes the next message with wire.Codec, as gRPC would.
+func (s *putStream) RecvMsg(m any) error {
+	r, err := s.Recv()
+	if err != nil {
+		return err
+	}
+	b, err := proto.Marshal(r)
+	if err != nil {
+		return err
+	}
+	return wire.Codec{}.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, m)
 }
 
 func (s *putStream) SendAndClose(r *pluginpb.PutResponse) error {

@@ -83,7 +83,7 @@ func serve(desc *pluginpb.DescribeResponse, register func(*grpc.Server)) {
 			register(s)
 		}}},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
-			opts = append(opts, grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize),
+			opts = append(opts, grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize), grpc.ForceServerCodecV2(wire.Codec{}),
 				grpc.InitialWindowSize(wire.StreamWindow), grpc.InitialConnWindowSize(wire.ConnWindow),
 				grpc.ReadBufferSize(wire.IOBuffer), grpc.WriteBufferSize(wire.IOBuffer))
 			return grpc.NewServer(opts...)

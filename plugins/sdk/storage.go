@@ -159,16 +159,21 @@ func (s *storageServer) Get(r *pluginpb.GetRequest, stream pluginpb.Storage_GetS
 		src = io.LimitReader(src, r.Length)
 	}
 	crc := crc32.New(wire.Castagnoli)
-	buf := make([]byte, wire.ChunkSize)
 	var n int64
 	for {
-		m, err := io.ReadFull(src, buf)
+		// Each chunk has its own pooled buffer: gRPC sends it as it is and
+		// returns it to the pool once written (see wire.Codec).
+		bp := wire.ChunkPool.Get(wire.ChunkSize)
+		m, err := io.ReadFull(src, *bp)
 		if m > 0 {
-			crc.Write(buf[:m])
+			crc.Write((*bp)[:m])
 			n += int64(m)
-			if serr := stream.Send(&pluginpb.GetResponse{Msg: &pluginpb.GetResponse_Chunk{Chunk: buf[:m]}}); serr != nil {
+			*bp = (*bp)[:m]
+			if serr := stream.SendMsg(&wire.OutChunk{Field: wire.GetChunkField, Buf: bp}); serr != nil {
 				return serr
 			}
+		} else {
+			wire.ChunkPool.Put(bp)
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			break
