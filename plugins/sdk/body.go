@@ -162,9 +162,8 @@ func (b *pipeBody) ReadAt(p []byte, off int64) (int, error) {
 	if off < 0 {
 		return 0, fmt.Errorf("put %s: read at negative offset %d", b.key, off)
 	}
-	if off >= b.size {
-		return 0, io.EOF
-	}
+	// The end of the body (io.EOF) is reported only once it is checked
+	// too: a store may take it for a complete body.
 	end := min(off+int64(len(p)), b.size)
 	b.mu.Lock()
 	for b.err == nil && (b.received < end || (end == b.size && !b.checked)) {
@@ -174,6 +173,9 @@ func (b *pipeBody) ReadAt(p []byte, off int64) (int, error) {
 	b.mu.Unlock()
 	if err != nil {
 		return 0, err
+	}
+	if off >= b.size {
+		return 0, io.EOF
 	}
 	p = p[:end-off]
 	if b.f != nil {

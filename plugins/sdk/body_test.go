@@ -86,6 +86,18 @@ func TestPutBodyIsCheckedBeforeTheStoreHasIt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// An empty body's end is not reported before its trailer is checked.
+	for name, msgs := range map[string][]*pluginpb.PutRequest{
+		"with a byte too many": putMsgs(o.Handle, "k", []byte{1}, 0, 1, 0),
+		"with a wrong CRC-32C": putMsgs(o.Handle, "k", nil, 0, 1, 1),
+	} {
+		if err := srv.Put(&putStream{ctx: ctx, msgs: msgs}); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("empty body %s: %v, want InvalidArgument", name, err)
+		}
+		if _, err := fs.Stat(ctx, "k"); !errors.Is(err, storage.ErrNotFound) {
+			t.Fatalf("empty body %s: the store committed it (%v)", name, err)
+		}
+	}
 	for _, size := range []int{3 << 20, 9 << 20} { // in memory; spooled
 		body := make([]byte, size)
 		for i := range body {
