@@ -137,6 +137,8 @@ func TestPluginPinsFromFlagsFileAndConfig(t *testing.T) {
 	if len(found) < 2 {
 		t.Errorf("plugins with a right pin: %+v", found)
 	}
+	ckptJSON(t, &found, "plugins", "--plugin-dir", dir, "--plugin-sha256",
+		"s3="+right+",memstore="+fileSHA256(t, filepath.Join(dir, "ckpt-plugin-memstore")), "--json")
 	pinFile := filepath.Join(t.TempDir(), "pins")
 	os.WriteFile(pinFile, []byte(right+"  "+s3+"\n"), 0o600)
 	ckptJSON(t, &found, "plugins", "--plugin-dir", dir, "--plugin-sha256-file", pinFile, "--json")

@@ -41,7 +41,7 @@ func addPluginDirFlag(fs *flag.FlagSet, name string) {
 
 // addPinFlags adds --plugin-sha256 and --plugin-sha256-file.
 func addPinFlags(fs *flag.FlagSet, pins pinFlag, file *string) {
-	fs.Var(pins, "plugin-sha256", "NAME=SHA256: run ckpt-plugin-NAME only if its binary has this SHA-256 (repeatable)")
+	fs.Var(pins, "plugin-sha256", "NAME=SHA256: run ckpt-plugin-NAME only if its binary has this SHA-256 (repeatable, or comma-separated)")
 	fs.StringVar(file, "plugin-sha256-file", "", "file of pins, one per line: NAME=SHA256, or the output of sha256sum ckpt-plugin-*")
 }
 
@@ -57,12 +57,19 @@ func (p pinFlag) String() string {
 	return strings.Join(s, ",")
 }
 
+// Set adds NAME=HEX, or several separated by commas (as one value from
+// the environment).
 func (p pinFlag) Set(v string) error {
-	name, sum, err := plugins.ParsePin(v)
-	if err != nil {
-		return err
+	for _, one := range strings.Split(v, ",") {
+		name, sum, err := plugins.ParsePin(one)
+		if err != nil {
+			return err
+		}
+		if err := plugins.Pins(p).Add(name, sum); err != nil {
+			return err
+		}
 	}
-	return plugins.Pins(p).Add(name, sum)
+	return nil
 }
 
 // pluginOptions merges the pins of the flags and of the pin file.
