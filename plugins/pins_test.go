@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -161,6 +162,48 @@ func TestParsePins(t *testing.T) {
 	} {
 		if _, err := plugins.ReadPinFile(write(body)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("ReadPinFile(%q) = %v, want %q", body, err, want)
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer for concurrent writers.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestStdoutNoiseDoesNotBreakTheHandshake: a plugin that prints to
+// stdout before and after Serve (ckpt-plugin-faulty does both) is
+// accepted, and what it printed reaches the host's log, named.
+func TestStdoutNoiseDoesNotBreakTheHandshake(t *testing.T) {
+	var log lockedBuffer
+	h := discover(t, plugins.Options{Dir: install(t, "faulty"), Log: &log})
+	if len(h.Plugins()) != 1 {
+		t.Fatalf("refused: %v", h.Refused())
+	}
+	s := open(t, h, "faulty://"+t.TempDir())
+	if err := s.Put(context.Background(), "k", bytes.NewReader([]byte("v")), 1); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for _, want := range []string{"ckpt-plugin-faulty: noise on stdout before Serve", "ckpt-plugin-faulty: raw noise on fd 1", "ckpt-plugin-faulty: put k"} {
+		for !strings.Contains(log.String(), want) && time.Now().Before(deadline) {
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !strings.Contains(log.String(), want) {
+			t.Errorf("the host's log lacks %q:\n%s", want, log.String())
 		}
 	}
 }
