@@ -40,7 +40,11 @@ const ProtocolVersion = wire.ProtocolVersion
 // ServeStorage serves a storage backend for the given URL schemes: the
 // host calls open with each URL of those schemes that storage.Open is
 // given, and the store it returns must keep storage.Store's contract (run
-// storage/storagetest on it). It does not return.
+// storage/storagetest on it). A store's Put is called as soon as a body
+// starts to arrive: its body (an io.ReadSeeker and io.ReaderAt) makes
+// reads wait for bytes not received yet, keeps what arrived so the store
+// may rewind, and yields the last byte only after the host's size and
+// CRC-32C are checked. It does not return.
 func ServeStorage(open storage.Opener, schemes ...string) {
 	if open == nil || len(schemes) == 0 {
 		fatal("sdk.ServeStorage: an opener and at least one scheme are required")
