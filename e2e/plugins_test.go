@@ -128,6 +128,9 @@ func fileSHA256(t *testing.T, path string) string {
 // --config, on the agent; a wrong pin refuses the binary before it runs
 // and says what to do, a pin for a missing plugin is an error.
 func TestPluginPinsFromFlagsFileAndConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds plugins and runs them (about 20 s)")
+	}
 	dir := buildPlugins(t)
 	s3 := filepath.Join(dir, "ckpt-plugin-s3")
 	right, wrong := fileSHA256(t, s3), strings.Repeat("0f", 32)
@@ -179,6 +182,9 @@ func TestPluginPinsFromFlagsFileAndConfig(t *testing.T) {
 // message naming the plugin; the agent keeps serving, and once the plugin
 // behaves the next checkpoint (restarting it) completes.
 func TestAgentLivesOnAPluginThatCrashes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds plugins and runs them (about 20 s)")
+	}
 	dir := t.TempDir()
 	root, err := repoRoot()
 	if err != nil {
