@@ -3,16 +3,20 @@
 #
 #   docker build --build-arg VERSION=$(git describe --tags --always) -t REGISTRY/ckpt:TAG .
 #
-# The build command is deploy/build.sh, which e2e/deploy_test.go runs and
+# The build command is deploy/build.sh, which e2e/image_test.go runs and
 # checks (static binaries, stamped version). More in deploy/README.md.
 ARG GO_IMAGE=golang:1.26
-FROM ${GO_IMAGE} AS build
+# The build stage runs on the builder's platform and cross-compiles to the
+# target's (docker buildx build --platform linux/amd64,linux/arm64).
+FROM --platform=$BUILDPLATFORM ${GO_IMAGE} AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
-RUN ./deploy/build.sh /out "$VERSION"
+ARG TARGETOS
+ARG TARGETARCH
+RUN GOOS=$TARGETOS GOARCH=$TARGETARCH ./deploy/build.sh /out "$VERSION"
 # The run-time user (a fixed UID and GID: manifests set the same numbers)
 # and a writable /tmp for drills when the root filesystem is read-only.
 RUN mkdir -p /rootfs/etc /rootfs/tmp && chmod 1777 /rootfs/tmp \
