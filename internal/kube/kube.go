@@ -19,8 +19,10 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -71,7 +73,7 @@ type PodMonitorSpec struct {
 var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, rbacv1.AddToScheme,
-		batchv1.AddToScheme, policyv1.AddToScheme} {
+		batchv1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme, schedulingv1.AddToScheme} {
 		if err := add(s); err != nil {
 			panic(err)
 		}
@@ -192,10 +194,11 @@ func Kustomizations(root string) ([]string, error) {
 // Files decodes every document of every .yaml and .yml file under root
 // strictly, except kustomization files (kustomize's own format, checked by
 // rendering them). A kustomize patch is a partial object of its kind, so
-// it decodes too, and a misspelt field in it is caught.
-func Files(root string) ([]Object, error) {
-	var out []Object
-	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+// it decodes too, and a misspelt field in it is caught. A document with
+// neither apiVersion nor kind is no Kubernetes object (a ckpt tenants
+// file, say): it is returned in other, by file, not decoded.
+func Files(root string) (objs []Object, other []string, err error) {
+	err = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -208,15 +211,24 @@ func Files(root string) ([]Object, error) {
 			return err
 		}
 		for i, doc := range SplitDocuments(data) {
-			o, err := Decode(fmt.Sprintf("%s (document %d)", p, i+1), doc)
+			source := fmt.Sprintf("%s (document %d)", p, i+1)
+			var head struct {
+				APIVersion string `json:"apiVersion"`
+				Kind       string `json:"kind"`
+			}
+			if yaml.Unmarshal(doc, &head) == nil && head.APIVersion == "" && head.Kind == "" {
+				other = append(other, source)
+				continue
+			}
+			o, err := Decode(source, doc)
 			if err != nil {
 				return err
 			}
-			out = append(out, o)
+			objs = append(objs, o)
 		}
 		return nil
 	})
-	return out, err
+	return objs, other, err
 }
 
 // PodSpec returns the pod template of a workload object (StatefulSet,

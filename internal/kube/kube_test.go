@@ -1,6 +1,8 @@
 package kube
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -74,5 +76,25 @@ func TestSplitDocuments(t *testing.T) {
 	docs := SplitDocuments([]byte("# c\n---\na: 1\n---\n# only a comment\n---\nb: 2\n"))
 	if len(docs) != 2 || string(docs[0]) != "a: 1\n" || string(docs[1]) != "b: 2\n" {
 		t.Errorf("%q", docs)
+	}
+}
+
+func TestFilesDecodesEveryDocumentAndSetsAsideNonObjects(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, text string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("kustomization.yaml", "resources: [a.yaml]\n")
+	write("a.yaml", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: a}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n")
+	write("tenants.yaml", "tenants:\n  - uid: 1000\n")
+	objs, other, err := Files(dir)
+	if err != nil || len(objs) != 2 || len(other) != 1 || !strings.Contains(other[0], "tenants.yaml") {
+		t.Fatalf("objs %d, other %q, err %v", len(objs), other, err)
+	}
+	write("b.yml", "apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: b}\nsecrets: nope\n")
+	if _, _, err := Files(dir); err == nil || !strings.Contains(err.Error(), "b.yml") {
+		t.Fatalf("a bad document in b.yml: err %v", err)
 	}
 }
