@@ -101,7 +101,14 @@ type Request struct {
 	// JobConsistent (restore) restores the newest job-complete checkpoint
 	// of the task instead of its newest complete one.
 	JobConsistent bool `json:"job_consistent,omitempty"`
+	// TimeoutMS (checkpoint), when positive, bounds the checkpoint's async
+	// phase in milliseconds; it may lower the agent's --checkpoint-timeout,
+	// never raise it.
+	TimeoutMS uint64 `json:"timeout_ms,omitempty"`
 }
+
+// MaxTimeoutMS bounds a checkpoint request's timeout_ms: a week.
+const MaxTimeoutMS = 7 * 24 * 3600 * 1000
 
 // MaxTasks bounds a checkpoint request's tasks list.
 const MaxTasks = names.MaxTasks
@@ -177,6 +184,9 @@ func DecodeRequest(line []byte) (Request, *Error) {
 			if err := names.CheckTasks(r.Task, r.Tasks); err != nil {
 				return r, Errorf(CodeBadRequest, "%v", err)
 			}
+		}
+		if r.TimeoutMS > MaxTimeoutMS {
+			return r, Errorf(CodeBadRequest, "timeout_ms %d is too large (at most %d, a week)", r.TimeoutMS, uint64(MaxTimeoutMS))
 		}
 	case "abort":
 		if err := needTask(); err != nil {

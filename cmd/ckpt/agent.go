@@ -63,13 +63,17 @@ type agentOptions struct {
 	grace, reuseMaxAge, gcInterval     time.Duration
 	scrubRate                          int64
 	conc, maxConc, maxQueued           int
-	shutdown, patience                 time.Duration
+	shutdown, patience, ckptTimeout    time.Duration
 	uploadRate                         int64
 	metricsAddr                        string
 	pprof                              bool
 	drillEvery                         time.Duration
 	drillRate                          int64
 	scratch                            string
+	standbyFor                         stringList
+	standbyEvery                       time.Duration
+	standbyRate                        int64
+	followed                           []string // standbyFor, split and checked
 	createStorage                      bool
 	logLevel                           string
 	config                             string
@@ -99,6 +103,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.IntVar(&o.maxConc, "max-concurrent", 1, "checkpoints per task in their async phase at once")
 	fs.IntVar(&o.maxQueued, "max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
 	fs.DurationVar(&o.shutdown, "shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
+	fs.DurationVar(&o.ckptTimeout, "checkpoint-timeout", 10*time.Minute, "bound on a checkpoint's async phase: past it the checkpoint fails with unavailable and the next one starts (0: none; a request's timeout_ms may lower it)")
 	fs.DurationVar(&o.patience, "commit-patience", 2*time.Minute, "how long a manifest commit retries storage errors once every object is uploaded")
 	fs.Int64Var(&o.uploadRate, "upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
@@ -106,6 +111,9 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.DurationVar(&o.drillEvery, "drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
 	fs.Int64Var(&o.drillRate, "drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
 	fs.StringVar(&o.scratch, "drill-dir", "", "scratch directory for drills (default: the system temp dir)")
+	fs.Var(&o.standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
+	fs.DurationVar(&o.standbyEvery, "standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
+	fs.Int64Var(&o.standbyRate, "standby-rate", 0, "bandwidth limit for standby downloads in bytes/s (0: unlimited)")
 	fs.BoolVar(&o.createStorage, "create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.config, "config", "", "YAML or JSON file of flag values, keyed by flag name (the command line and CKPT_<FLAG> variables win)")
@@ -169,6 +177,9 @@ func (o *agentOptions) check(fs *flag.FlagSet) error {
 	if o.maxConns < 1 {
 		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", o.maxConns)}
 	}
+	if o.ckptTimeout < 0 {
+		return usageError{fmt.Errorf("--checkpoint-timeout must not be negative (0: none)")}
+	}
 	if o.idleTimeout < 0 {
 		return usageError{fmt.Errorf("--idle-timeout must not be negative (0: never)")}
 	}
@@ -185,8 +196,22 @@ func (o *agentOptions) check(fs *flag.FlagSet) error {
 	if o.gcInterval == 0 {
 		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
 	}
-	if o.uploadRate < 0 || o.drillRate < 0 || o.scrubRate < 0 {
-		return usageError{fmt.Errorf("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
+	if o.uploadRate < 0 || o.drillRate < 0 || o.scrubRate < 0 || o.standbyRate < 0 {
+		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
+	}
+	if o.standbyEvery <= 0 {
+		return usageError{fmt.Errorf("--standby-interval must be positive")}
+	}
+	o.followed = nil
+	for _, v := range o.standbyFor {
+		for _, task := range strings.Split(v, ",") {
+			if task = strings.TrimSpace(task); task != "" {
+				if err := manifests.ValidName("task", task); err != nil {
+					return usageError{fmt.Errorf("--standby-for: %w", err)}
+				}
+				o.followed = append(o.followed, task)
+			}
+		}
 	}
 	return nil
 }
@@ -199,6 +224,10 @@ func runAgent(ctx context.Context, args []string) error {
 	idle := o.idleTimeout
 	if idle == 0 {
 		idle = -1 // never
+	}
+	ckptTimeout := o.ckptTimeout
+	if ckptTimeout == 0 {
+		ckptTimeout = -1 // none
 	}
 	log, err := newLogger(o.logLevel)
 	if err != nil {
@@ -230,7 +259,7 @@ func runAgent(ctx context.Context, args []string) error {
 		AllowUIDs: o.uids, AllowGIDs: o.gids, MaxConnections: o.maxConns, IdleTimeout: idle,
 		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
 		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued,
-		ShutdownGrace: o.shutdown, CommitPatience: o.patience, Version: version, Logger: log,
+		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: o.job, Task: r.Task, Checkpoint: r.Checkpoint,
@@ -243,6 +272,13 @@ func runAgent(ctx context.Context, args []string) error {
 		cfg.DrillInterval = o.drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
 			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
+		}
+	}
+	if len(o.followed) > 0 {
+		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: o.standbyRate})
+		cfg.StandbyFor, cfg.StandbyInterval = o.followed, o.standbyEvery
+		cfg.Standby = func(ctx context.Context, task string) (*restore.RefreshResult, error) {
+			return restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: o.job, Task: task, LocalDir: o.localDir})
 		}
 	}
 	a, err := agent.New(cfg)
