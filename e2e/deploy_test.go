@@ -159,6 +159,9 @@ func checkPodSecurity(t *testing.T, where string, spec corev1.PodSpec) {
 		if !ok {
 			t.Errorf("%s: container %s needs allowPrivilegeEscalation false, readOnlyRootFilesystem, capabilities drop ALL", where, c.Name)
 		}
+		if ckptContainer(c) && !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/tmp" && !m.ReadOnly }) {
+			t.Errorf("%s: ckpt container %s needs a writable /tmp: its root filesystem is read-only, and plugins and drills use the temp dir", where, c.Name)
+		}
 	}
 }
 
