@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -256,6 +257,54 @@ func (p *podSim) stopSidecars() {
 	p.sidecars = nil
 }
 
+// scrape checks what the PodMonitor would scrape and the liveness probe
+// would see: /metrics on the port the PodMonitor names reports the task's
+// last checkpoint, and /healthz answers 200.
+func (p *podSim) scrape(objs []kube.Object, task string, last uint64) {
+	p.t.Helper()
+	pm := kube.Find(objs, "PodMonitor", "ckpt")
+	if pm == nil {
+		p.t.Fatal("no PodMonitor ckpt")
+	}
+	ep := pm.Obj.(*kube.PodMonitor).Spec.PodMetricsEndpoints[0]
+	var port string
+	for _, c := range p.spec.InitContainers {
+		for _, cp := range c.Ports {
+			if cp.Name == ep.Port {
+				port = strconv.Itoa(int(cp.ContainerPort))
+			}
+		}
+	}
+	if port == "" {
+		p.t.Fatalf("the PodMonitor scrapes port %q, which no container names", ep.Port)
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", p.port(port))
+	get := func(path string) string {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			p.t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			p.t.Fatalf("GET %s: %s\n%s", path, resp.Status, b)
+		}
+		return string(b)
+	}
+	get("/healthz")
+	want := `ckpt_checkpoint_last_id{`
+	metrics := get(ep.Path)
+	found := false
+	for _, line := range strings.Split(metrics, "\n") {
+		if strings.HasPrefix(line, want) && strings.Contains(line, `task="`+task+`"`) && strings.HasSuffix(line, " "+strconv.FormatUint(last, 10)) {
+			found = true
+		}
+	}
+	if !found {
+		p.t.Errorf("%s on the PodMonitor's port has no ckpt_checkpoint_last_id %d for task %s", ep.Path, last, task)
+	}
+}
+
 // appEnv is the app container's environment, paths rewritten.
 func (p *podSim) appEnv() func(string) string {
 	if len(p.spec.Containers) != 1 {
@@ -353,6 +402,7 @@ func TestTheSidecarPodRunsInKubernetesOrderAndRestoresLocallyAndRemotely(t *test
 		t.Fatal(err)
 	}
 	checkpoints(p, w, 1, 3)
+	p.scrape(objs, "orders-0", 3)
 	if _, err := w.Round(ctx); err != nil { // written after the last checkpoint
 		t.Fatal(err)
 	}
