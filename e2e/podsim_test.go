@@ -333,22 +333,43 @@ func TestTheSidecarPodRunsInKubernetesOrderAndRestoresLocallyAndRemotely(t *test
 	}
 	srv := testservers.S3(t)
 	srv.CreateBucket(t, "ckpt-pods")
-	objs, err := kube.Render(filepath.Join(deployDir(t), "overlays", "s3"))
+	runSidecarPod(t, "s3", srv.URL("ckpt-pods", "prod"), srv.Env())
+}
+
+// TestTheGCSOverlaysPodRunsOnTheGCSEmulator runs the same pod lifecycle
+// with the GCS overlay on fake-gcs-server.
+func TestTheGCSOverlaysPodRunsOnTheGCSEmulator(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the sidecar pod's containers on fake-gcs-server")
+	}
+	srv := testservers.GCS(t)
+	srv.CreateBucket(t, "ckpt-pods")
+	runSidecarPod(t, "gcs", srv.URL("ckpt-pods", "prod"), srv.Env())
+}
+
+// runSidecarPod renders deploy/overlays/<overlay> and runs its pod's
+// lifecycle with storage at storageURL (the overlay's scheme) and env
+// standing for the pod's cloud identity.
+func runSidecarPod(t *testing.T, overlay, storageURL string, env []string) {
+	objs, err := kube.Render(filepath.Join(deployDir(t), "overlays", overlay))
 	if err != nil {
 		t.Fatal(err)
 	}
 	sts := kube.Find(objs, "StatefulSet", "orders")
 	if sts == nil {
-		t.Fatal("the S3 overlay renders no StatefulSet orders")
+		t.Fatalf("overlays/%s renders no StatefulSet orders", overlay)
 	}
 	spec := kube.PodSpec(*sts).Spec
-	storageURL := srv.URL("ckpt-pods", "prod")
+	cm := kube.Find(objs, "ConfigMap", spec.InitContainers[0].EnvFrom[0].ConfigMapRef.Name)
+	if cm == nil || !strings.HasPrefix(cm.Obj.(*corev1.ConfigMap).Data["CKPT_STORAGE"], storageURL[:5]) {
+		t.Fatalf("overlays/%s does not store to %s...", overlay, storageURL[:5])
+	}
 	newPod := func(node, dataDir string) *podSim {
 		return &podSim{t: t, objs: objs, spec: spec,
 			pod:      kube.Pod{Name: "orders-0", Namespace: "default", NodeName: node, IP: "10.0.0.1", ServiceAccount: spec.ServiceAccountName},
 			volumes:  map[string]string{"data": dataDir, "ckpt-socket": shortDir(t), "tmp": t.TempDir()},
 			override: map[string]string{"CKPT_STORAGE": storageURL},
-			extra:    srv.Env(), ports: map[int32]int{}}
+			extra:    env, ports: map[int32]int{}}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
