@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"os"
 	"path"
 	"path/filepath"
 	"slices"
@@ -98,47 +99,100 @@ func setting(c corev1.Container, name, def string) string {
 	return def
 }
 
-// TestPodsRunCkptSafelyAndInKubernetesOrder checks, on every rendered pod
-// template that runs a ckpt agent: the locked-down securityContext of
-// every container, the probes on the agent's metrics port, a termination
-// grace longer than the agent's shutdown grace; and on sidecar pods the
-// order restore, native sidecar agent, app, with the task named by the
-// pod's name through the downward API.
-func TestPodsRunCkptSafelyAndInKubernetesOrder(t *testing.T) {
-	checkedSidecars := 0
+// deployedPod is a pod template of a manifest under deploy/.
+type deployedPod struct {
+	where string
+	spec  corev1.PodSpec
+}
+
+// podsUnderDeploy returns the pod templates of every rendered
+// kustomization and of every plain manifest file in a directory that is
+// no kustomization (applied with kubectl apply -f as it is).
+func podsUnderDeploy(t *testing.T) []deployedPod {
+	t.Helper()
+	var pods []deployedPod
 	for dir, objs := range renderAll(t) {
 		for _, o := range objs {
-			tmpl := kube.PodSpec(o)
-			if tmpl == nil {
-				continue
+			if tmpl := kube.PodSpec(o); tmpl != nil {
+				pods = append(pods, deployedPod{fmt.Sprintf("%s: %s %s", dir, o.Kind, o.Name), tmpl.Spec})
 			}
-			where := fmt.Sprintf("%s: %s %s", dir, o.Kind, o.Name)
-			spec := tmpl.Spec
-			all := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
-			agentAt := slices.IndexFunc(all, func(c corev1.Container) bool {
-				return ckptContainer(c) && len(c.Args) > 0 && c.Args[0] == "agent"
-			})
-			if agentAt < 0 {
-				continue
-			}
-			agent := all[agentAt]
+		}
+	}
+	files, _, err := kube.Files(deployDir(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range files {
+		if _, err := os.Stat(filepath.Join(filepath.Dir(o.Path), "kustomization.yaml")); err == nil {
+			continue // rendered above
+		}
+		if tmpl := kube.PodSpec(o); tmpl != nil {
+			pods = append(pods, deployedPod{fmt.Sprintf("%s: %s %s", o.Source, o.Kind, o.Name), tmpl.Spec})
+		}
+	}
+	return pods
+}
+
+// TestPodsRunCkptSafelyAndInKubernetesOrder checks every pod template
+// under deploy/ that runs a ckpt agent: the agent's locked-down
+// securityContext, its probes on its metrics port, a termination grace
+// longer than its shutdown grace. Sidecar pods (the agent among the init
+// containers) also need every container non-root with no capability, and
+// the order restore, native sidecar agent, app, with the task named by the
+// pod's name through the downward API. (A node agent may run as uid 0
+// with the few capabilities it documents: it reads and hard-links other
+// users' files.)
+func TestPodsRunCkptSafelyAndInKubernetesOrder(t *testing.T) {
+	checkedSidecars := 0
+	for _, p := range podsUnderDeploy(t) {
+		where, spec := p.where, p.spec
+		all := append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...)
+		agentAt := slices.IndexFunc(all, func(c corev1.Container) bool {
+			return ckptContainer(c) && len(c.Args) > 0 && c.Args[0] == "agent"
+		})
+		if agentAt < 0 {
+			continue
+		}
+		agent := all[agentAt]
+		sidecar := agentAt < len(spec.InitContainers)
+		checkLockedDown(t, where, spec, agent)
+		checkProbes(t, where, agent, sidecar)
+		grace, err := time.ParseDuration(setting(agent, "shutdown-grace", "30s"))
+		if err != nil {
+			t.Errorf("%s: --shutdown-grace: %v", where, err)
+		}
+		if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= grace {
+			t.Errorf("%s: terminationGracePeriodSeconds must exceed the agent's --shutdown-grace %v, or the kubelet kills in-flight uploads", where, grace)
+		}
+		if sidecar {
 			checkPodSecurity(t, where, spec)
-			checkProbes(t, where, agent)
-			grace, err := time.ParseDuration(setting(agent, "shutdown-grace", "30s"))
-			if err != nil {
-				t.Errorf("%s: --shutdown-grace: %v", where, err)
-			}
-			if spec.TerminationGracePeriodSeconds == nil || time.Duration(*spec.TerminationGracePeriodSeconds)*time.Second <= grace {
-				t.Errorf("%s: terminationGracePeriodSeconds must exceed the agent's --shutdown-grace %v, or the kubelet kills in-flight uploads", where, grace)
-			}
-			if agentAt < len(spec.InitContainers) {
-				checkSidecarOrder(t, where, spec)
-				checkedSidecars++
-			}
+			checkSidecarOrder(t, where, spec)
+			checkedSidecars++
 		}
 	}
 	if checkedSidecars < 3 {
 		t.Errorf("checked %d sidecar pods, want the base's and both overlays'", checkedSidecars)
+	}
+}
+
+// checkLockedDown holds a ckpt container to no privilege escalation, a
+// read-only root filesystem with a writable /tmp, every capability dropped
+// (a few may be added back), and seccomp RuntimeDefault.
+func checkLockedDown(t *testing.T, where string, spec corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	sc := c.SecurityContext
+	if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation ||
+		sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+		sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || sc.Privileged != nil && *sc.Privileged {
+		t.Errorf("%s: container %s needs allowPrivilegeEscalation false, readOnlyRootFilesystem, capabilities drop ALL", where, c.Name)
+	}
+	seccomp := sc != nil && sc.SeccompProfile != nil && sc.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault ||
+		spec.SecurityContext != nil && spec.SecurityContext.SeccompProfile != nil && spec.SecurityContext.SeccompProfile.Type == corev1.SeccompProfileTypeRuntimeDefault
+	if !seccomp {
+		t.Errorf("%s: container %s needs seccomp RuntimeDefault", where, c.Name)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/tmp" && !m.ReadOnly }) {
+		t.Errorf("%s: ckpt container %s needs a writable /tmp: its root filesystem is read-only, and plugins and drills use the temp dir", where, c.Name)
 	}
 }
 
@@ -157,7 +211,7 @@ func checkPodSecurity(t *testing.T, where string, spec corev1.PodSpec) {
 			sc.Capabilities != nil && slices.Contains(sc.Capabilities.Drop, "ALL") && len(sc.Capabilities.Add) == 0 &&
 			(sc.Privileged == nil || !*sc.Privileged) && (sc.RunAsUser == nil || *sc.RunAsUser != 0)
 		if !ok {
-			t.Errorf("%s: container %s needs allowPrivilegeEscalation false, readOnlyRootFilesystem, capabilities drop ALL", where, c.Name)
+			t.Errorf("%s: container %s needs allowPrivilegeEscalation false, readOnlyRootFilesystem, capabilities drop ALL and none added, not root", where, c.Name)
 		}
 		if ckptContainer(c) && !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/tmp" && !m.ReadOnly }) {
 			t.Errorf("%s: ckpt container %s needs a writable /tmp: its root filesystem is read-only, and plugins and drills use the temp dir", where, c.Name)
@@ -165,7 +219,10 @@ func checkPodSecurity(t *testing.T, where string, spec corev1.PodSpec) {
 	}
 }
 
-func checkProbes(t *testing.T, where string, agent corev1.Container) {
+// checkProbes requires readiness (/readyz) and liveness (/healthz) probes
+// on the agent's metrics port, and a startup probe (/readyz) on a native
+// sidecar, which gates the app's start.
+func checkProbes(t *testing.T, where string, agent corev1.Container, sidecar bool) {
 	t.Helper()
 	_, port, err := net.SplitHostPort(setting(agent, "metrics-addr", ""))
 	if err != nil {
@@ -186,6 +243,9 @@ func checkProbes(t *testing.T, where string, agent corev1.Container) {
 		p    *corev1.Probe
 		path string
 	}{{"startupProbe", agent.StartupProbe, "/readyz"}, {"readinessProbe", agent.ReadinessProbe, "/readyz"}, {"livenessProbe", agent.LivenessProbe, "/healthz"}} {
+		if pr.p == nil && pr.name == "startupProbe" && !sidecar {
+			continue
+		}
 		if pr.p == nil || pr.p.HTTPGet == nil {
 			t.Errorf("%s: %s has no %s over HTTP", where, agent.Name, pr.name)
 			continue

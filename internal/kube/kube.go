@@ -36,6 +36,8 @@ type Object struct {
 	APIVersion, Kind, Name string
 	// Source names where it came from: a file, or a rendered kustomization.
 	Source string
+	// Path is the file it was read from ("" when rendered).
+	Path string
 	// Obj is the typed value: *appsv1.StatefulSet, *corev1.ConfigMap,
 	// *PodMonitor, ...
 	Obj any
@@ -224,6 +226,7 @@ func Files(root string) (objs []Object, other []string, err error) {
 			if err != nil {
 				return err
 			}
+			o.Path = p
 			objs = append(objs, o)
 		}
 		return nil
