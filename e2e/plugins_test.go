@@ -217,3 +217,41 @@ func TestAgentLivesOnAPluginThatCrashes(t *testing.T) {
 	writeFencingSnapshot(t, snap2, 2)
 	trigger(t, socket, "orders-1", 2, snap2)
 }
+
+// A storage plugin whose Put never returns, whatever its context says,
+// cannot hold a checkpoint past --checkpoint-timeout: the deadline crosses
+// the boundary, the checkpoint fails with unavailable, and the next one
+// completes through the same plugin once it answers again.
+func TestAHungPluginIsCutOffByTheCheckpointTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds a plugin and runs it")
+	}
+	dir := t.TempDir()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
+	}
+	hangFile := filepath.Join(t.TempDir(), "hang")
+	writeFile(t, hangFile, nil)
+	snaps, localDir := t.TempDir(), t.TempDir()
+	socket := filepath.Join(shortDir(t), "ckpt.sock")
+	startAgent(t, "A", agentConfig{Socket: socket, Storage: "faulty://" + t.TempDir(), Job: "orders", LocalDir: localDir,
+		AllowRoots: []string{snaps}, Env: []string{"CKPT_PLUGIN_DIR=" + dir, "CKPT_TEST_HANG_FILE=" + hangFile},
+		Extra: []string{"--checkpoint-timeout", "2s"}})
+
+	snap1 := filepath.Join(snaps, "snap-1")
+	writeFencingSnapshot(t, snap1, 1)
+	o := triggerAsync(socket, "orders-1", 1, snap1)
+	if o.err != nil || o.code != 1 || o.ev.Error == nil || o.ev.Error.Code != "unavailable" || !strings.Contains(o.ev.Error.Message, "timed out") {
+		t.Fatalf("checkpoint through a hung plugin: exit %d, %+v, %v\n%s", o.code, o.ev, o.err, o.stder)
+	}
+	os.Remove(hangFile)
+	snap2 := filepath.Join(snaps, "snap-2")
+	writeFencingSnapshot(t, snap2, 2)
+	trigger(t, socket, "orders-1", 2, snap2)
+}

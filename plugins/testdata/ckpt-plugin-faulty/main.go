@@ -12,7 +12,8 @@
 // file, so that a test can tell whether it ran at all. While the file
 // CKPT_TEST_CRASH_FILE names exists, every Put of a key with a /shared/
 // segment crashes the process halfway through the body (an agent's
-// upload of a data file).
+// upload of a data file). While the file CKPT_TEST_HANG_FILE names exists,
+// such a Put never returns, whatever its context says.
 package main
 
 import (
@@ -66,6 +67,11 @@ func (f *faulty) Put(ctx context.Context, key string, body io.ReadSeeker, size i
 	if p := os.Getenv("CKPT_TEST_CRASH_FILE"); p != "" && strings.Contains(key, "/shared/") {
 		if _, err := os.Stat(p); err == nil {
 			crash = true
+		}
+	}
+	if p := os.Getenv("CKPT_TEST_HANG_FILE"); p != "" && strings.Contains(key, "/shared/") {
+		if _, err := os.Stat(p); err == nil {
+			select {}
 		}
 	}
 	if crash {
