@@ -86,6 +86,7 @@ func runAgent(ctx context.Context, args []string) error {
 	createStorage := fs.Bool("create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
+	tenants := fs.String("tenants", "", "node-agent mode: YAML or JSON file of tenants, each matched by peer uid/gid (and cgroup) to its job, storage, allow_roots and tasks pattern; replaces --storage, --job, --allow-root, --allow-uid, --allow-gid")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -93,6 +94,9 @@ func runAgent(ctx context.Context, args []string) error {
 		if err := applyConfig(fs, *config); err != nil {
 			return usageError{err}
 		}
+	}
+	if *tenants != "" {
+		return runNodeAgent(ctx, fs, *tenants)
 	}
 	if err := checkArgs(fs, "socket", "storage", "job", "local-dir"); err != nil {
 		return err
