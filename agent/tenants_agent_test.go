@@ -337,3 +337,27 @@ func TestATenantReachesNothingOfAnother(t *testing.T) {
 		t.Fatalf("beta's uid with another gid: %v, want forbidden", ev)
 	}
 }
+
+// TestASidecarRefusesAnotherJob: a sidecar serves its one job; a request
+// naming another is forbidden and writes nothing, one naming its own job
+// is served as one naming none.
+func TestASidecarRefusesAnotherJob(t *testing.T) {
+	h := start(t, nil, nil)
+	r := h.raw()
+	dir := h.snapshot("s", map[string]int{"000001.sst": 100, "CURRENT": 10})
+	for _, line := range []string{
+		fmt.Sprintf(`{"op":"checkpoint","job":"other","task":"t","checkpoint":1,"dir":%q}`, dir),
+		fmt.Sprintf(`{"op":"restore","job":"other","task":"t","target":%q}`, filepath.Join(h.root, "r")),
+		`{"op":"status","job":"other"}`,
+	} {
+		if ev := r.checkpoint(line); code(ev) != "forbidden" {
+			t.Fatalf("%s: %v, want forbidden", line, ev)
+		}
+	}
+	if keys := h.storedKeys(); len(keys) != 0 {
+		t.Fatalf("a refused request stored %v", keys)
+	}
+	if ev := r.checkpoint(fmt.Sprintf(`{"op":"checkpoint","job":"job","task":"t","checkpoint":1,"dir":%q}`, dir)); ev["event"] != "completed" {
+		t.Fatalf("naming the agent's own job: %v", ev)
+	}
+}
