@@ -144,10 +144,10 @@ func tenantApp(mode string) (any, error) {
 		os.WriteFile(filepath.Join(own, "000001.sst"), []byte("mine"), 0o644)
 		codes := map[string]string{}
 		for name, req := range map[string]map[string]any{
-			"checkpoint the other's dir":  {"op": "checkpoint", "task": task, "checkpoint": 9, "dir": otherDir},
-			"checkpoint the other's job":  {"op": "checkpoint", "job": otherJob, "task": task, "checkpoint": 9, "dir": own},
+			"checkpoint the other's dir":   {"op": "checkpoint", "task": task, "checkpoint": 9, "dir": otherDir},
+			"checkpoint the other's job":   {"op": "checkpoint", "job": otherJob, "task": task, "checkpoint": 9, "dir": own},
 			"restore into the other's dir": {"op": "restore", "task": task, "target": filepath.Join(filepath.Dir(otherDir), "stolen")},
-			"restore the other's job":     {"op": "restore", "job": otherJob, "task": task, "target": filepath.Join(data, "stolen")},
+			"restore the other's job":      {"op": "restore", "job": otherJob, "task": task, "target": filepath.Join(data, "stolen")},
 		} {
 			ev, err := rawRequest(socket, req)
 			if err != nil {
