@@ -73,11 +73,13 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 	if i64("upload-rate") < 0 || i64("drill-rate") < 0 || i64("scrub-rate") < 0 {
 		return usageError{errors.New("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
 	}
-	var jobs []string
+	// The node's telemetry counts what no tenant owns (connections refused
+	// at accept); each tenant records under its job (ForJob).
+	var names []string
 	for _, t := range tenants {
-		jobs = append(jobs, t.Job)
+		names = append(names, t.Name)
 	}
-	tel, err := telemetry.New(ctx, telemetry.Options{Job: strings.Join(jobs, ","), Storage: "(tenants)", Version: version})
+	tel, err := telemetry.New(ctx, telemetry.Options{Storage: "tenants " + strings.Join(names, ", "), Version: version})
 	if err != nil {
 		return err
 	}
