@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,7 @@ import (
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
 	cpebble "github.com/ckpt-io/ckpt/client/pebble"
+	"github.com/ckpt-io/ckpt/internal/testservers"
 )
 
 // The tenant app: the e2e test binary, run again as a tenant's pod
@@ -362,7 +364,7 @@ func agentMount(mounts map[string]string, p string) string {
 // TestTheNodeAgentServesTwoTenantPodsAndKeepsThemApart runs the DaemonSet
 // as processes: its init container's script, then its agent container's
 // command line (volumes mapped to temporary directories, the tenants file
-// from the ConfigMap, storage a directory), and the two StatefulSets' pods
+// from the ConfigMap, storage the bucket it names on versitygw), and the two StatefulSets' pods
 // as processes under their uids, groups and environment. Each checkpoints a
 // real Pebble store twice and restores it, key by key; one tenant's attempts
 // at the other's directory and job are forbidden.
@@ -408,11 +410,28 @@ func TestTheNodeAgentServesTwoTenantPodsAndKeepsThemApart(t *testing.T) {
 	for _, p := range mounts {
 		os.MkdirAll(p, 0o755)
 	}
-	storeDir := filepath.Join(host, "bucket")
-	os.MkdirAll(storeDir, 0o755)
-	// The ConfigMap, as the kubelet projects it; storage is a directory here.
+	// The tenants' storage: the bucket and prefix the ConfigMap names, on a
+	// real S3 server (versitygw) reached through the environment, as a
+	// cloud's would be.
+	srv := testservers.S3(t)
+	var bucket, prefix string
+	storageRE := regexp.MustCompile(`storage: (\S+)`)
 	for name, content := range d.tenantsMap.Data {
-		content = regexp.MustCompile(`storage: \S+`).ReplaceAllString(content, "storage: file://"+storeDir)
+		content = storageRE.ReplaceAllStringFunc(content, func(m string) string {
+			u, err := url.Parse(storageRE.FindStringSubmatch(m)[1])
+			if err != nil || u.Scheme != "s3" {
+				t.Fatalf("tenant storage %s: want s3://bucket/prefix", m)
+			}
+			if bucket == "" {
+				bucket, prefix = u.Host, strings.Trim(u.Path, "/")
+				srv.CreateBucket(t, bucket)
+			}
+			if u.Host != bucket || strings.Trim(u.Path, "/") != prefix {
+				t.Fatalf("the tenants use several buckets or prefixes; this test maps one")
+			}
+			return "storage: " + strconv.Quote(srv.URL(bucket, prefix))
+		})
+		// The ConfigMap, as the kubelet projects it.
 		if err := os.WriteFile(filepath.Join(mounts["/etc/ckpt"], name), []byte(mapPath(content)), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -441,6 +460,7 @@ func TestTheNodeAgentServesTwoTenantPodsAndKeepsThemApart(t *testing.T) {
 			env = append(env, e.Name+"="+e.Value)
 		}
 	}
+	env = append(env, srv.Env()...) // the service account's credentials, here
 	cmd := exec.Command(ckptBin, args...)
 	cmd.Env = env
 	stderr := &lockedBuffer{}
@@ -517,7 +537,11 @@ func TestTheNodeAgentServesTwoTenantPodsAndKeepsThemApart(t *testing.T) {
 			t.Fatalf("pod %s: %v", p.name, res)
 		}
 	}
+	storeDir := filepath.Join(srv.DataDir, bucket)
 	keys := storedKeys(t, storeDir)
+	if len(keys) == 0 {
+		t.Fatal("nothing in storage after the checkpoints")
+	}
 	// The other tenant's pod attacks: its dir, its job.
 	victim := pods[1]
 	codes := run(pods[0], "attack", "CKPT_E2E_OTHER_DIR="+filepath.Join(victim.data, "store"), "CKPT_E2E_OTHER_JOB="+victim.job)
@@ -536,7 +560,7 @@ func TestTheNodeAgentServesTwoTenantPodsAndKeepsThemApart(t *testing.T) {
 		t.Errorf("a refused restore wrote into the other tenant's root")
 	}
 	for _, k := range keys {
-		if !strings.HasPrefix(k, pods[0].job+"/") && !strings.HasPrefix(k, pods[1].job+"/") {
+		if !strings.HasPrefix(k, prefix+"/"+pods[0].job+"/") && !strings.HasPrefix(k, prefix+"/"+pods[1].job+"/") {
 			t.Errorf("object outside the tenants' jobs: %s", k)
 		}
 	}
@@ -604,6 +628,9 @@ func storedKeys(t *testing.T, dir string) []string {
 	t.Helper()
 	var out []string
 	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && fi.IsDir() && strings.HasPrefix(fi.Name(), ".") {
+			return filepath.SkipDir // the server's own (temporary parts, locks)
+		}
 		if err == nil && !fi.IsDir() {
 			rel, _ := filepath.Rel(dir, p)
 			out = append(out, rel)
