@@ -110,6 +110,9 @@ type Telemetry struct {
 	*instruments
 	// child is set on a ForJob Telemetry: its providers are its parent's.
 	child bool
+	// children are the ForJob Telemetries of t, whose tasks t's View shows
+	// too (guarded by mu).
+	children []*Telemetry
 
 	mu     sync.Mutex
 	tasks  map[string]*TaskView
@@ -277,8 +280,12 @@ func (t *Telemetry) ForJob(job, storage string) *Telemetry {
 	if t == nil {
 		return nil
 	}
-	return &Telemetry{job: job, storage: storage, version: t.version, mp: t.mp, tp: t.tp, Registry: t.Registry,
+	c := &Telemetry{job: job, storage: storage, version: t.version, mp: t.mp, tp: t.tp, Registry: t.Registry,
 		instruments: t.instruments, child: true, tasks: map[string]*TaskView{}, jobAtt: attribute.String("job", job)}
+	t.mu.Lock()
+	t.children = append(t.children, c)
+	t.mu.Unlock()
+	return c
 }
 
 // Shutdown flushes and stops the providers.
@@ -470,6 +477,17 @@ func (t *Telemetry) View() View {
 			c.LastDrill = &d
 		}
 		v.Tasks = append(v.Tasks, c)
+	}
+	// A node agent's page shows every job's tasks, named job/task.
+	for _, c := range t.children {
+		cv := c.View()
+		v.RetainedBytes += cv.RetainedBytes
+		v.LogicalBytes += cv.LogicalBytes
+		v.GCDeleted += cv.GCDeleted
+		for _, tv := range cv.Tasks {
+			tv.Task = c.job + "/" + tv.Task
+			v.Tasks = append(v.Tasks, tv)
+		}
 	}
 	sort.Slice(v.Tasks, func(i, j int) bool { return v.Tasks[i].Task < v.Tasks[j].Task })
 	v.JobStatus = t.jobView.view()

@@ -186,7 +186,7 @@ func TestForJobLabelsEveryTaskMetricWithItsJob(t *testing.T) {
 	if v := orders.View(); v.Job != "orders" || len(v.Tasks) != 1 {
 		t.Errorf("orders view %+v", v)
 	}
-	if v := tel.View(); len(v.Tasks) != 0 {
-		t.Errorf("the node's view holds the jobs' tasks: %+v", v.Tasks)
+	if v := tel.View(); len(v.Tasks) != 2 || v.Tasks[0].Task != "billing/t-0" || v.Tasks[1].Task != "orders/t-0" || v.LogicalBytes != 40 {
+		t.Errorf("the node's view of its jobs' tasks: %+v", v)
 	}
 }
