@@ -88,6 +88,12 @@ type Config struct {
 	// MaxQueued bounds the synced checkpoints of one task waiting for an
 	// async slot; beyond it requests are refused as unavailable (default 4).
 	MaxQueued int
+	// CheckpointTimeout bounds a checkpoint's async phase (default 10m;
+	// negative: no bound). One past it is cancelled and fails with
+	// unavailable, naming the step it was in; its uploads are left to GC
+	// and the task's next queued checkpoint starts. A request's timeout_ms
+	// may lower it.
+	CheckpointTimeout time.Duration
 	// CommitPatience is how long the manifest commit keeps retrying
 	// transient storage errors once every object is uploaded (default 2m).
 	CommitPatience time.Duration
@@ -106,6 +112,13 @@ type Config struct {
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
 	Drill         func(ctx context.Context, task string) (*restore.DrillResult, error)
+	// StandbyFor names tasks this agent follows without owning them: it
+	// keeps the newest checkpoint of each in its local dir, refreshed by
+	// Standby every StandbyInterval (default 10s), so that a restore of the
+	// task on this node is local (see restore.Refresh).
+	StandbyFor      []string
+	StandbyInterval time.Duration
+	Standby         func(ctx context.Context, task string) (*restore.RefreshResult, error)
 	// Restore serves the restore op: it restores the checkpoint the
 	// request picks (Checkpoint, 0: the newest complete one; JobConsistent:
 	// the newest job-complete one) of Task into Target, a directory the
@@ -146,6 +159,8 @@ func (c *Config) defaults() error {
 			return errors.New("agent: with tenants, each tenant names its storage, job and allowed roots, and its credentials decide who may connect: give no storage, job, allowed roots, allowed uids or gids besides")
 		case c.Restore != nil || c.Drill != nil || c.TenantServices == nil:
 			return errors.New("agent: with tenants, restores and drills come from TenantServices, which is required")
+		case len(c.StandbyFor) > 0 || c.Standby != nil:
+			return errors.New("agent: standby copies follow tasks of one job: not with tenants")
 		}
 		return nil
 	}
@@ -207,6 +222,17 @@ func (c *Config) defaults() error {
 	}
 	if c.CommitPatience == 0 {
 		c.CommitPatience = 2 * time.Minute
+	}
+	if c.StandbyInterval <= 0 {
+		c.StandbyInterval = 10 * time.Second
+	}
+	for _, task := range c.StandbyFor {
+		if err := manifests.ValidName("task", task); err != nil {
+			return fmt.Errorf("standby: %w", err)
+		}
+	}
+	if c.CheckpointTimeout == 0 {
+		c.CheckpointTimeout = 10 * time.Minute
 	}
 	if c.ShutdownGrace == 0 {
 		c.ShutdownGrace = 30 * time.Second
@@ -454,6 +480,10 @@ func (a *Agent) background(ctx context.Context) {
 	if a.cfg.ScrubRate > 0 {
 		a.jobs.Add(1)
 		go a.scrubs(ctx)
+	}
+	if len(a.cfg.StandbyFor) > 0 && a.cfg.Standby != nil {
+		a.jobs.Add(1)
+		go a.standbys(ctx)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -81,6 +82,50 @@ type checkpoint struct {
 	aborted bool
 	// completed is set before done is closed when the manifest was committed.
 	completed bool
+	// step names what the async phase is doing, for the message of a
+	// checkpoint that timed out.
+	step atomic.Value // string
+}
+
+// at records the async phase's current step.
+func (ck *checkpoint) at(step string) { ck.step.Store(step) }
+
+// errTimedOut is the cause of a checkpoint context cancelled by its timeout.
+var errTimedOut = errors.New("checkpoint timeout")
+
+// timeout is the bound on ck's async phase: the agent's
+// Config.CheckpointTimeout, lowered by the request's timeout_ms; 0 for none.
+func (a *Agent) timeout(req protocol.Request) time.Duration {
+	d := a.cfg.CheckpointTimeout
+	if req.TimeoutMS > 0 {
+		r := time.Duration(req.TimeoutMS) * time.Millisecond
+		if d <= 0 || r < d {
+			d = r
+		}
+	}
+	return max(d, 0)
+}
+
+// timedOut reports whether ctx, a checkpoint's async context, is past its
+// timeout. Its deadline is the test, not only its Done channel: a call
+// bounded by the same deadline (see detached) may return first.
+func timedOut(ctx context.Context) bool {
+	if errors.Is(context.Cause(ctx), errTimedOut) {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
+}
+
+// detached returns a context that ignores ctx's cancellation (an abort or
+// a shutdown must not interrupt a write in progress) but keeps its
+// deadline (a checkpoint's timeout bounds every storage call it makes).
+func detached(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := context.WithoutCancel(ctx)
+	if dl, ok := ctx.Deadline(); ok {
+		return context.WithDeadlineCause(d, dl, errTimedOut)
+	}
+	return d, func() {}
 }
 
 func (a *Agent) taskLocked(name string) *task {
@@ -232,10 +277,19 @@ func (a *Agent) finish(ck *checkpoint, ran bool) {
 	}
 }
 
-// run is the async phase of one checkpoint.
+// run is the async phase of one checkpoint. It is bounded by the
+// checkpoint's timeout: every storage call takes its context, so a hung
+// call returns when it expires, and the next queued checkpoint starts.
 func (a *Agent) run(ck *checkpoint) {
 	req := ck.req
-	ev, err := a.upload(ck)
+	ctx := ck.ctx
+	limit := a.timeout(req)
+	if limit > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(ctx, limit, errTimedOut)
+		defer cancel()
+	}
+	ev, err := a.upload(ctx, ck)
 	if err == nil {
 		ck.completed = true
 		// Metrics first, so that a client reading /metrics on completed sees
@@ -260,6 +314,12 @@ func (a *Agent) run(ck *checkpoint) {
 	case aborted:
 		ck.c.send(protocol.Event{Event: "aborted", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint})
 		a.ended(ck, "aborted", err)
+	case ck.ctx.Err() == nil && timedOut(ctx):
+		step, _ := ck.step.Load().(string)
+		e := errorf(protocol.CodeUnavailable, "checkpoint %d of task %s timed out after %v while it was at %s: %v (--checkpoint-timeout, or the request's timeout_ms); what it uploaded is left to GC, the next checkpoint starts now",
+			req.Checkpoint, req.Task, limit, step, err)
+		ck.c.send(failed(req, e))
+		a.ended(ck, "timeout", e)
 	case ck.ctx.Err() != nil:
 		e := errorf(protocol.CodeUnavailable, "the agent shut down before checkpoint %d completed", req.Checkpoint)
 		ck.c.send(failed(req, e))
@@ -358,10 +418,11 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 }
 
 // upload is the async phase proper: dedup, transfer, then the manifest.
-func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
-	ctx, req, t := ck.ctx, ck.req, ck.t
+func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, error) {
+	req, t := ck.req, ck.t
 	// The files themselves are checked now, before anything is read: the
 	// sync phase only looked at directory entries.
+	ck.at("inspecting the snapshot's files")
 	if err := ck.snap.Inspect(); err != nil {
 		var bad *localrecovery.BadFileError
 		if errors.As(err, &bad) {
@@ -371,10 +432,12 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	}
 	// Ownership first (taken on the task's first request, then cached),
 	// then the task's checkpoints as this owner sees them.
+	ck.at("taking the task's ownership")
 	own, err := a.own(ctx, t.name, false, false)
 	if err != nil {
 		return protocol.Event{}, ownError(req, err)
 	}
+	ck.at("reading the task's checkpoints from storage")
 	if err := a.load(ctx, t); err != nil {
 		return protocol.Event{}, fmt.Errorf("read the task's checkpoints from storage: %w", err)
 	}
@@ -406,9 +469,11 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
 		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence,
 	}
+	ck.at("uploading (hashing, transfers, presence checks)")
 	res, err := uploader.Upload(uctx, ureq)
 	var hold *manifests.Hold
 	if err == nil {
+		ck.at("checking GC's marks")
 		// GC deletes only what it marked at least D earlier: the manifest
 		// names no marked object, and is committed within D/2 of this look.
 		hold, err = uploader.AvoidMarked(uctx, ureq, res, a.gcGuard())
@@ -455,10 +520,12 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 	// Still the owner? A newer owner fences this agent: commit nothing.
 	// (A takeover right after this check is the residual window: readers
 	// ignore such a manifest, and the check after the commit says so.)
+	ck.at("checking the task's ownership before the commit")
 	if err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, own); err != nil {
 		return protocol.Event{}, ownError(req, a.fence(t, err))
 	}
 	failpoint.Hit(failpoint.BeforeManifest) // every object uploaded and confirmed, no manifest yet
+	ck.at("committing the manifest")
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = a.commit(ctx, m, encoded, hold)
 	commitSpan.End()
@@ -472,7 +539,11 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		return protocol.Event{}, err
 	}
 	failpoint.Hit(failpoint.AfterManifest) // committed; not yet recorded locally nor older ones retired
-	if err := manifests.CheckCommitted(context.WithoutCancel(ctx), a.cfg.Store, a.cfg.Job, own, req.Checkpoint); err != nil {
+	// Committed: from here on nothing fails the checkpoint, and the
+	// timeout only cuts short the checks and retention that follow.
+	after, cancel := detached(ctx)
+	defer cancel()
+	if err := manifests.CheckCommitted(after, a.cfg.Store, a.cfg.Job, own, req.Checkpoint); err != nil {
 		if errors.Is(err, manifests.ErrFenced) {
 			return protocol.Event{}, ownError(req, a.fence(t, err))
 		}
@@ -480,7 +551,7 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 		// readers to decide. Most likely it did not.
 		a.log.Warn("check ownership after commit", "task", t.name, "checkpoint", req.Checkpoint, "err", err)
 	}
-	a.committed(t, m, encoded, ck.snap)
+	a.committed(after, t, m, encoded, ck.snap)
 	dur := time.Since(ck.start).Milliseconds()
 	ck.result = telemetry.CheckpointRecord{CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
 		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, BytesUploaded: m.CheckpointSize}
@@ -496,15 +567,19 @@ func (a *Agent) upload(ck *checkpoint) (protocol.Event, error) {
 // and giving up would waste them. Retrying the conditional create is safe:
 // the retry decorator recognises its own earlier write by its bytes.
 // Cancellation (abort, shutdown) stops retries but never interrupts a
-// write in progress.
+// write in progress; the checkpoint's timeout does (the manifest may then
+// exist or not: a retry of the same number is refused as a conflict if it
+// does, and GC keeps what it names either way).
 //
 // Every attempt is sent within D/2 of the look at GC's marks (hold), so
 // no collection deletes what m names; past that, the commit fails.
 func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byte, hold *manifests.Hold) error {
 	deadline := time.Now().Add(a.cfg.CommitPatience)
 	delay := 500 * time.Millisecond
+	wctx, cancel := detached(ctx)
+	defer cancel()
 	for {
-		err := manifests.CommitHeld(context.WithoutCancel(ctx), a.cfg.Store, m, encoded, hold)
+		err := manifests.CommitHeld(wctx, a.cfg.Store, m, encoded, hold)
 		if err == nil || !retry.Transient(err) || time.Now().Add(delay).After(deadline) {
 			return err
 		}
@@ -521,8 +596,7 @@ func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byt
 // committed updates the task after its manifest was written: local copy,
 // retained set, and retention of older manifests. Failures here are logged;
 // the checkpoint is complete whatever happens to its local copy.
-func (a *Agent) committed(t *task, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
-	ctx := context.WithoutCancel(a.jobsCtx)
+func (a *Agent) committed(ctx context.Context, t *task, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
 	var hashes map[localrecovery.Identity]string
 	if l, err := a.local.CompleteInspected(t.name, m.Checkpoint, m, encoded, snap.Files); err != nil {
 		a.log.Warn("keep local copy", "task", t.name, "checkpoint", m.Checkpoint, "err", err)

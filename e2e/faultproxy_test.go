@@ -26,6 +26,7 @@ const (
 	faultResetBefore fault = "reset before forwarding"
 	faultResetAfter  fault = "reset after forwarding (response lost)"
 	faultLatency     fault = "delayed"
+	faultStall       fault = "stalled (accepted, never answered)"
 )
 
 // faultMix is the share of requests that get each fault (the rest are
@@ -212,6 +213,9 @@ func (p *faultProxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			resp.Body.Close()
 		}
 		resetConn(w)
+	case faultStall:
+		io.Copy(io.Discard, r.Body)
+		<-r.Context().Done() // until the client gives up
 	case faultLatency:
 		time.Sleep(delay)
 		p.rp.ServeHTTP(w, r)

@@ -376,6 +376,7 @@ type listEntry struct {
 	CheckpointSize int64     `json:"checkpoint_size"`
 	FullSize       int64     `json:"full_size"`
 	Files          int       `json:"files"`
+	Epoch          uint64    `json:"epoch"`
 }
 
 // gcReport is `ckpt gc --json`.

@@ -106,7 +106,14 @@ type Request struct {
 	// and picks the peer's tenant's job when it is empty; a job other than
 	// the one the peer may use is refused as forbidden, by either mode.
 	Job string `json:"job,omitempty"`
+	// TimeoutMS (checkpoint), when positive, bounds the checkpoint's async
+	// phase in milliseconds; it may lower the agent's --checkpoint-timeout,
+	// never raise it.
+	TimeoutMS uint64 `json:"timeout_ms,omitempty"`
 }
+
+// MaxTimeoutMS bounds a checkpoint request's timeout_ms: a week.
+const MaxTimeoutMS = 7 * 24 * 3600 * 1000
 
 // MaxTasks bounds a checkpoint request's tasks list.
 const MaxTasks = names.MaxTasks
@@ -187,6 +194,9 @@ func DecodeRequest(line []byte) (Request, *Error) {
 			if err := names.CheckTasks(r.Task, r.Tasks); err != nil {
 				return r, Errorf(CodeBadRequest, "%v", err)
 			}
+		}
+		if r.TimeoutMS > MaxTimeoutMS {
+			return r, Errorf(CodeBadRequest, "timeout_ms %d is too large (at most %d, a week)", r.TimeoutMS, uint64(MaxTimeoutMS))
 		}
 	case "abort":
 		if err := needTask(); err != nil {

@@ -33,6 +33,8 @@ func TestDecodeRequestRefusesWithBadRequest(t *testing.T) {
 		`{"op":"hello","id":{"x":1}}`,
 		`{"op":"status","task":"-bad"}`,
 		`{"op":"checkpoint","task":"t","checkpoint":0,"dir":"/d"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","timeout_ms":604800001}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","timeout_ms":-5}`,
 		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"rel"}`,
 		`{"op":"checkpoint","task":"t","checkpoint":4611686018427387905,"dir":"/d"}`,
 		`{"op":"checkpoint","task":"` + strings.Repeat("a", 129) + `","checkpoint":1,"dir":"/d"}`,

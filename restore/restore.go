@@ -81,6 +81,10 @@ type Options struct {
 	TrustUnchangedLocal bool
 	// Progress, when set, is called as bytes land (total is the full size).
 	Progress func(done, total int64)
+	// Standby marks the refresh of a warm standby's local copy (see
+	// Refresh): the restore is recorded in LocalDir, but not as the task's
+	// move to this node, which only a restore for the app does.
+	Standby bool
 }
 
 // Result is what a restore did; its JSON is `ckpt restore --json`, the
@@ -147,6 +151,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, err
 		}
 		r.local = r.ls.GetFor(o.Task, r.m, r.encoded)
+		if r.local == nil {
+			// An older local copy still holds most of the files (an LSM
+			// store's SSTs outlive many checkpoints): each is taken from
+			// it if the manifest names the same content under its name.
+			if l, err := r.ls.Latest(o.Task); err == nil && l != nil && l.Checkpoint < r.n {
+				r.local, r.older = l, true
+			}
+		}
 		owners, err := manifests.ListOwners(ctx, o.Store, o.Job, o.Task, ^uint64(0))
 		if err != nil {
 			return nil, err
@@ -167,7 +179,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		r.removeTemp()
 		return nil, err
 	}
-	if r.ls != nil {
+	if r.ls != nil && !o.Standby {
 		// The task's new home: an agent on this local dir may take the
 		// task over from the owner this restore saw (and from no later one).
 		if err := r.ls.RecordTakeover(o.Task, owner); err != nil && res.LocalRecordError == "" {
@@ -221,7 +233,8 @@ type restorer struct {
 	m       *manifests.Manifest // its manifest
 	encoded []byte              // the manifest as stored
 	ls      *localrecovery.Store
-	local   *localrecovery.Local // the local copy of n, if any
+	local   *localrecovery.Local // the local copy of n, if any; else of an older checkpoint (older)
+	older   bool                 // local is an older checkpoint's copy: only files whose content n names too are taken from it
 	span    trace.Span
 
 	// parent is the target's parent directory, open: o.TargetParent, or
@@ -257,7 +270,7 @@ func (r *restorer) choose(ctx context.Context) error {
 // by its path, so it applies only to a target whose path is the caller's
 // own (no TargetParent).
 func (r *restorer) lend() bool {
-	return r.local != nil && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
+	return r.local != nil && !r.older && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
 }
 
 // move is the strategy for a lent local copy: the local copy is the store.
@@ -337,7 +350,7 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 			res.LocalVerification = "identity"
 		}
 	}
-	if r.ls != nil && (r.local == nil || c.fallbacks.Load() > 0) {
+	if r.ls != nil && (r.local == nil || r.older || c.fallbacks.Load() > 0) {
 		// Restore inherits: the agent on this local dir will know these
 		// files (and their inodes) as checkpoint n and upload none of them.
 		// (When every file came from the local copy of n, that copy already
@@ -355,8 +368,8 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 	res.BytesLocal, res.BytesRemote = c.bLocal.Load(), c.bRemote.Load()
 	res.FilesLocal, res.FilesRemote = int(c.fLocal.Load()), int(c.fRemote.Load())
 	res.LocalFallbacks = int(c.fallbacks.Load())
-	if r.local == nil && o.LocalDir != "" {
-		res.LocalFallbacks = 0 // no local copy at all: not a fallback per file
+	if (r.local == nil && o.LocalDir != "") || r.older {
+		res.LocalFallbacks = 0 // no local copy of n: a file not found locally is not a fallback
 	}
 	return nil
 }
@@ -368,7 +381,10 @@ func (r *restorer) fetchFile(ctx context.Context, f manifests.File, c *counts, p
 		return err
 	}
 	if r.local != nil {
-		used, err := fromLocal(r.local, r.ldir, r.tmpDir, f, r.o.TrustUnchangedLocal)
+		// An older copy's record of a file's inode vouches for the content
+		// that copy's manifest names: trusted only if n names the same.
+		trust := r.o.TrustUnchangedLocal && (!r.older || sameContent(r.local.Manifest, f))
+		used, err := fromLocal(r.local, r.ldir, r.tmpDir, f, trust)
 		if err != nil {
 			return fmt.Errorf("restore %s: %w", f.Name, err)
 		}
@@ -386,6 +402,19 @@ func (r *restorer) fetchFile(ctx context.Context, f manifests.File, c *counts, p
 	c.bRemote.Add(f.Size) // inline bytes came from storage too, in the manifest
 	c.fRemote.Add(1)
 	return nil
+}
+
+// sameContent reports whether m names f's content under f's name.
+func sameContent(m *manifests.Manifest, f manifests.File) bool {
+	if m == nil {
+		return false
+	}
+	for _, g := range m.Files {
+		if g.Name == f.Name {
+			return g.SHA256 == f.SHA256 && g.Size == f.Size
+		}
+	}
+	return false
 }
 
 // openLocal opens the local copy's directory, if there is a local copy:

@@ -4,11 +4,15 @@
 # end-to-end tests that build the ckpt binary and run it as a process
 # (the crash matrix, TestCrashMatrix, builds its own binary with -tags
 # ckpt_failpoints and kills it at every failpoint; -short skips it), then
-# the failpoint build of the packages the disk-fault suite covers.
+# the RocksDB engine plugin's tests (-tags rocksdb, librocksdb-dev), and the
+# failpoint build of the packages the disk-fault suite covers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 go test -count=1 -timeout 15m ./...
 go test -count=1 -race -timeout 10m ./agent/ ./uploader/ ./manifests/
+# The RocksDB engine plugin links librocksdb-dev through cgo, so it and its
+# end-to-end test build only with -tags rocksdb.
+go test -count=1 -timeout 10m -tags rocksdb -run RocksDB ./plugins/ckpt-plugin-rocksdb/... ./e2e/
 # The disk-fault suite: failpoints fail local writes, fsyncs and renames
 # with ENOSPC, EIO and EROFS (compiled in only with this tag).
 go test -count=1 -timeout 10m -tags ckpt_failpoints ./localrecovery/ ./restore/ ./agent/ ./internal/failpoint/

@@ -74,6 +74,7 @@ type taskPage struct {
 	Chart    *chart
 	Last     *lastCheckpoint
 	Drill    *drillSummary
+	Standby  *standbySummary
 	InFlight int
 	Window   int // records in History
 	Counts   struct{ Completed, Failed, Aborted int }
@@ -105,6 +106,16 @@ type drillSummary struct {
 	Ago              string
 	VsCheckpoint     string // drill duration over the last checkpoint's, "1.4×"
 	ThroughputBytesS int64
+}
+
+// standbySummary is this agent's warm copy of a task it follows.
+type standbySummary struct {
+	Held, Newest uint64
+	Lag          time.Duration
+	LagH         string
+	Remote       string // bytes the last refresh fetched from storage
+	Error        string
+	Ago          string
 }
 
 type historyRow struct {
@@ -229,6 +240,10 @@ func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
 			ds.VsCheckpoint = strconv.FormatFloat(float64(d.Duration)/float64(last.Total), 'f', 1, 64) + "×"
 		}
 		tp.Drill = ds
+	}
+	if sb := tv.Standby; sb != nil {
+		tp.Standby = &standbySummary{Held: sb.Held, Newest: sb.Newest, Lag: sb.Lag, LagH: human.Duration(sb.Lag),
+			Remote: human.Bytes(sb.BytesRemote), Error: sb.Error, Ago: ago(now, sb.At)}
 	}
 	for i := len(tv.History) - 1; i >= 0; i-- {
 		r := tv.History[i]
@@ -502,6 +517,10 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 {{else}}<span class="value bad drill-failed">failed</span><div class="sub">checkpoint {{.Checkpoint}}{{if .Error}}: {{.Error}}{{end}}</div>{{end}}</td></tr>
 {{else}}
 <tr><th>restore drill</th><td><span class="sub drill-none">no drill yet</span></td></tr>
+{{end}}
+{{with .Standby}}
+<tr><th>warm standby</th><td>{{if .Error}}<span class="value bad standby-failed">refresh failed</span><div class="sub">holds checkpoint {{.Held}}: {{.Error}}</div>{{else}}holds checkpoint <span class="value standby-held">{{.Held}}</span> of {{.Newest}} · lag <span class="value standby-lag" data-ns="{{.Lag.Nanoseconds}}">{{.LagH}}</span>
+<div class="sub">a failover restore on this node is local · last refresh fetched {{.Remote}}{{if .Ago}} · {{.Ago}}{{end}}</div>{{end}}</td></tr>
 {{end}}
 <tr class="sep"><th>in flight</th><td><span class="value in-flight">{{.InFlight}}</span></td></tr>
 <tr><th>failed · aborted</th><td><span class="value failed-count{{if .Counts.Failed}} bad{{end}}">{{.Counts.Failed}}</span> · <span class="value aborted-count{{if .Counts.Aborted}} bad{{end}}">{{.Counts.Aborted}}</span> {{if .Window}}<span class="sub">of the last {{.Window}}</span>{{end}}</td></tr>

@@ -108,6 +108,44 @@ func AsCleaner(s Store) (IncompleteCleaner, bool) {
 	return nil, false
 }
 
+// Copier is implemented by stores that can copy an object of another
+// store into themselves without its bytes passing through ckpt (S3's
+// CopyObject, GCS's rewrite). CopyFrom copies srcKey of src (which may be
+// wrapped in decorators; see Innermost) to key, replacing any object
+// there, with the durability of Put. copied is false, and nothing is
+// written, when src is not a store the backend can copy from (another
+// backend, another endpoint, an object too large for one copy call): the
+// caller then streams the bytes itself. The caller verifies the copy.
+type Copier interface {
+	CopyFrom(ctx context.Context, src Store, srcKey, key string, size int64) (copied bool, err error)
+}
+
+// AsCopier finds a Copier in s or the stores it wraps.
+func AsCopier(s Store) (Copier, bool) {
+	for s != nil {
+		if c, ok := s.(Copier); ok {
+			return c, true
+		}
+		u, ok := s.(Unwrapper)
+		if !ok {
+			return nil, false
+		}
+		s = u.Unwrap()
+	}
+	return nil, false
+}
+
+// Innermost returns the store that s's decorators wrap: the backend.
+func Innermost(s Store) Store {
+	for {
+		u, ok := s.(Unwrapper)
+		if !ok {
+			return s
+		}
+		s = u.Unwrap()
+	}
+}
+
 // ContextReader returns a reader of r that fails with ctx's error once ctx
 // is done, so that a long copy from a body stops on cancellation.
 func ContextReader(ctx context.Context, r io.Reader) io.Reader { return &ctxReader{ctx, r} }

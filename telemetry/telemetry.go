@@ -74,12 +74,31 @@ type DrillRecord struct {
 	At         time.Time     `json:"at"`
 }
 
+// StandbyRecord is one refresh of a warm standby's copy of a task this
+// agent follows but does not own.
+type StandbyRecord struct {
+	Task string `json:"task"`
+	// Held is the checkpoint the copy holds, Newest the one it follows.
+	Held   uint64 `json:"held"`
+	Newest uint64 `json:"newest"`
+	// Lag is how long ago Newest was committed while the copy lacks it.
+	Lag         time.Duration `json:"lag_ns"`
+	BytesLocal  int64         `json:"bytes_local"`
+	BytesRemote int64         `json:"bytes_remote"`
+	Duration    time.Duration `json:"duration_ns"`
+	Error       string        `json:"error,omitempty"`
+	At          time.Time     `json:"at"`
+}
+
 // TaskView is one task as the status page shows it.
 type TaskView struct {
 	Task      string             `json:"task"`
 	History   []CheckpointRecord `json:"history"` // oldest first
 	InFlight  int                `json:"in_flight"`
 	LastDrill *DrillRecord       `json:"last_drill,omitempty"`
+	// Standby is the last refresh of this agent's warm copy of the task,
+	// when it follows the task (--standby-for) instead of owning it.
+	Standby *StandbyRecord `json:"standby,omitempty"`
 }
 
 // View is everything the status page shows.
@@ -139,6 +158,9 @@ type instruments struct {
 	restoreBytes                              metric.Int64Counter
 	drillDur, drillThroughput                 metric.Float64Gauge
 	drillOK                                   metric.Int64Gauge
+	standbyLag                                metric.Float64Gauge
+	standbyHeld                               metric.Int64Gauge
+	standbyBytes                              metric.Int64Counter
 	requests                                  metric.Int64Counter
 }
 
@@ -267,6 +289,9 @@ func (t *instruments) create(m metric.Meter) error {
 	t.drillDur = fg("ckpt.drill.last.duration", "s", "Duration of the last restore drill: measured restore time from storage alone.")
 	t.drillThroughput = fg("ckpt.drill.last.throughput", "By/s", "Throughput of the last restore drill.")
 	t.drillOK = ig("ckpt.drill.last.verified", "1", "1 if the last restore drill verified every byte, 0 if it failed.")
+	t.standbyLag = fg("ckpt.standby.lag", "s", "How long ago the owner committed the checkpoint a warm standby follows, while the standby's copy lacks it (0: it holds it).")
+	t.standbyHeld = ig("ckpt.standby.checkpoint", "{checkpoint}", "The checkpoint a warm standby's local copy holds.")
+	t.standbyBytes = ctr("ckpt.standby", "By", "Bytes a warm standby's refreshes took, by source (local: from its older copy, remote: from storage).")
 	t.requests = ctr("ckpt.requests", "{request}", "Socket requests by op and outcome: ok for accepted ones, else the error code they were refused with (op connect: connections refused at accept).")
 	return errors.Join(errs...)
 }
@@ -456,6 +481,24 @@ func (t *Telemetry) DrillEnded(ctx context.Context, d DrillRecord) {
 	}
 	t.mu.Lock()
 	t.task(d.Task).LastDrill = &d
+	t.mu.Unlock()
+}
+
+// StandbyRefreshed records a refresh of a warm standby's copy.
+func (t *Telemetry) StandbyRefreshed(ctx context.Context, r StandbyRecord) {
+	if t == nil {
+		return
+	}
+	a := t.taskAttrs(r.Task)
+	t.standbyLag.Record(ctx, r.Lag.Seconds(), a)
+	t.standbyHeld.Record(ctx, int64(r.Held), a)
+	t.standbyBytes.Add(ctx, r.BytesLocal, metric.WithAttributes(t.jobAtt, attribute.String("task", r.Task), attribute.String("source", "local")))
+	t.standbyBytes.Add(ctx, r.BytesRemote, metric.WithAttributes(t.jobAtt, attribute.String("task", r.Task), attribute.String("source", "remote")))
+	if r.At.IsZero() {
+		r.At = time.Now()
+	}
+	t.mu.Lock()
+	t.task(r.Task).Standby = &r
 	t.mu.Unlock()
 }
 

@@ -76,6 +76,7 @@ func runAgent(ctx context.Context, args []string) error {
 	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
 	maxQueued := fs.Int("max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
 	shutdown := fs.Duration("shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
+	ckptTimeout := fs.Duration("checkpoint-timeout", 10*time.Minute, "bound on a checkpoint's async phase: past it the checkpoint fails with unavailable and the next one starts (0: none; a request's timeout_ms may lower it)")
 	patience := fs.Duration("commit-patience", 2*time.Minute, "how long a manifest commit retries storage errors once every object is uploaded")
 	uploadRate := fs.Int64("upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
 	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
@@ -83,6 +84,10 @@ func runAgent(ctx context.Context, args []string) error {
 	drillEvery := fs.Duration("drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
 	drillRate := fs.Int64("drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
 	scratch := fs.String("drill-dir", "", "scratch directory for drills (default: the system temp dir)")
+	var standbyFor stringList
+	fs.Var(&standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
+	standbyEvery := fs.Duration("standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
+	standbyRate := fs.Int64("standby-rate", 0, "bandwidth limit for standby downloads in bytes/s (0: unlimited)")
 	createStorage := fs.Bool("create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
@@ -112,6 +117,12 @@ func runAgent(ctx context.Context, args []string) error {
 	if *maxConns < 1 {
 		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", *maxConns)}
 	}
+	if *ckptTimeout < 0 {
+		return usageError{fmt.Errorf("--checkpoint-timeout must not be negative (0: none)")}
+	}
+	if *ckptTimeout == 0 {
+		*ckptTimeout = -1 // none
+	}
 	if *idleTimeout < 0 {
 		return usageError{fmt.Errorf("--idle-timeout must not be negative (0: never)")}
 	}
@@ -133,8 +144,22 @@ func runAgent(ctx context.Context, args []string) error {
 		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
 	}
 	warnLoweredGraceFloor()
-	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 {
-		return usageError{fmt.Errorf("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
+	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 || *standbyRate < 0 {
+		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
+	}
+	if *standbyEvery <= 0 {
+		return usageError{fmt.Errorf("--standby-interval must be positive")}
+	}
+	var followed []string
+	for _, v := range standbyFor {
+		for _, task := range strings.Split(v, ",") {
+			if task = strings.TrimSpace(task); task != "" {
+				if err := manifests.ValidName("task", task); err != nil {
+					return usageError{fmt.Errorf("--standby-for: %w", err)}
+				}
+				followed = append(followed, task)
+			}
+		}
 	}
 	// Telemetry first: the store's metrics decorator registers with it.
 	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: *store, Version: version})
@@ -158,7 +183,7 @@ func runAgent(ctx context.Context, args []string) error {
 		AllowUIDs: uids, AllowGIDs: gids, MaxConnections: *maxConns, IdleTimeout: idle,
 		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval, ReuseCheckMaxAge: *reuseMaxAge, ScrubRate: *scrubRate,
 		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
-		ShutdownGrace: *shutdown, CommitPatience: *patience, Version: version, Logger: log,
+		ShutdownGrace: *shutdown, CommitPatience: *patience, CheckpointTimeout: *ckptTimeout, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: r.Task, Checkpoint: r.Checkpoint,
@@ -171,6 +196,13 @@ func runAgent(ctx context.Context, args []string) error {
 		cfg.DrillInterval = *drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
 			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: *job, Task: task, ScratchDir: *scratch, Check: engines.Check})
+		}
+	}
+	if len(followed) > 0 {
+		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: *standbyRate})
+		cfg.StandbyFor, cfg.StandbyInterval = followed, *standbyEvery
+		cfg.Standby = func(ctx context.Context, task string) (*restore.RefreshResult, error) {
+			return restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: *job, Task: task, LocalDir: *localDir})
 		}
 	}
 	a, err := agent.New(cfg)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/savepoint"
 )
 
 func runRestore(ctx context.Context, args []string) error {
@@ -28,8 +30,16 @@ func runRestore(ctx context.Context, args []string) error {
 	ifCkpt := fs.Bool("if-checkpoint-exists", false, "succeed and do nothing if storage holds no checkpoint of the task")
 	par := fs.Int("parallelism", 8, "files restored at once")
 	verifyLocal := fs.String("verify-local", "sha256", "how to check local files: sha256 (hash every byte) or identity (trust a file that is still the inode its checkpoint completed with, unwritten since; faster, blind to disk corruption)")
+	fromSavepoint := fs.String("savepoint", "", "restore the savepoint at this storage URL (written by ckpt savepoint) instead of a job's checkpoint: no --storage or --job")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
-	if err := parse(fs, args, "storage", "job", "task", "target"); err != nil {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	required := []string{"storage", "job", "task", "target"}
+	if *fromSavepoint != "" {
+		required = []string{"target"}
+	}
+	if err := checkArgs(fs, required...); err != nil {
 		return err
 	}
 	if *par < 1 {
@@ -41,11 +51,31 @@ func runRestore(ctx context.Context, args []string) error {
 	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
+	if *fromSavepoint != "" {
+		if *store != "" || *job != "" || *n != 0 {
+			return usageError{errors.New("--savepoint names what to restore: do not give --storage, --job or --checkpoint too")}
+		}
+		*store = *fromSavepoint
+	}
 	st, err := openStore(ctx, *store)
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	if *fromSavepoint != "" {
+		rec, err := savepoint.Read(ctx, st)
+		if err != nil {
+			return err
+		}
+		e, err := rec.Entry(*task)
+		if err != nil {
+			return usageError{err}
+		}
+		if *jobConsistent && !rec.JobConsistent {
+			return fmt.Errorf("--job-consistent: the savepoint at %s holds checkpoint %d of task %s alone, not a job-complete checkpoint of every task", st, rec.Checkpoint, e.Task)
+		}
+		*job, *task, *n, *jobConsistent = rec.Job, e.Task, rec.Checkpoint, false
+	}
 	bar := newProgress(!*asJSON, "restore")
 	res, err := restore.Run(ctx, restore.Options{
 		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, JobConsistent: *jobConsistent, LocalDir: *localDir,

@@ -10,14 +10,15 @@ import (
 )
 
 func runDrill(ctx context.Context, args []string) error {
-	fs := newFlags("drill", "--storage URL --job NAME [--task T] [--json]",
-		"ckpt drill --storage s3://bucket/ckpt --job orders --task orders-3 --json   (without --task: every task of the newest job-complete checkpoint, in parallel)")
+	fs := newFlags("drill", "--storage URL --job NAME [--task T] [--engine E] [--json]",
+		"ckpt drill --storage s3://bucket/ckpt --job orders --task orders-3 --engine rocksdb --plugin-dir /usr/lib/ckpt/plugins --json   (without --task: every task of the newest job-complete checkpoint, in parallel)")
 	store := fs.String("storage", "", "storage URL")
 	job := fs.String("job", "", "job name")
 	task := fs.String("task", "", "task name (none: drill every task of the job's newest job-complete checkpoint at once, the job's recovery time)")
 	scratch := fs.String("scratch", "", "directory for the scratch restore (default: the system temp dir)")
 	par := fs.Int("parallelism", 8, "files restored at once")
 	noCheck := fs.Bool("no-engine-check", false, "do not open the restored store with its engine")
+	engine := fs.String("engine", "", "check the restored store with this engine (pebble, rocksdb, or one a plugin serves) instead of the one its manifest names")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parse(fs, args, "storage", "job"); err != nil {
 		return err
@@ -25,18 +26,22 @@ func runDrill(ctx context.Context, args []string) error {
 	if err := validNames(*job, *task); err != nil {
 		return err
 	}
-	st, err := openStore(ctx, *store)
+	if *noCheck && *engine != "" {
+		return usageError{fmt.Errorf("--engine names the engine that checks the store: do not give --no-engine-check too")}
+	}
+	st, err := openStore(ctx, *store) // also starts the plugins, engines among them
 	if err != nil {
 		return err
 	}
 	defer st.Close()
+	check, err := drillCheck(*engine, *noCheck)
+	if err != nil {
+		return err
+	}
 	if *task == "" {
-		return jobDrill(ctx, restore.JobDrillOptions{Store: st, Job: *job, ScratchDir: *scratch, Parallelism: *par}, !*noCheck, *asJSON)
+		return jobDrill(ctx, restore.JobDrillOptions{Store: st, Job: *job, ScratchDir: *scratch, Parallelism: *par, Check: check}, *asJSON)
 	}
-	o := restore.DrillOptions{Store: st, Job: *job, Task: *task, ScratchDir: *scratch, Parallelism: *par}
-	if !*noCheck {
-		o.Check = engines.Check
-	}
+	o := restore.DrillOptions{Store: st, Job: *job, Task: *task, ScratchDir: *scratch, Parallelism: *par, Check: check}
 	bar := newProgress(!*asJSON, "drill")
 	o.Progress = bar.update
 	res, err := restore.Drill(ctx, o)
@@ -51,17 +56,33 @@ func runDrill(ctx context.Context, args []string) error {
 		res.Task, res.Checkpoint, res.Files, human.Bytes(res.Bytes), res.DurationMS, human.Bytes(int64(res.ThroughputBytesPerS)))
 	if res.EngineChecked {
 		fmt.Printf("; the store opens, %d keys", res.Keys)
+	} else if *engine != "" {
+		fmt.Printf("; not opened: engine %s cannot open stores in this process (is its plugin in --plugin-dir?)", *engine)
 	}
 	fmt.Println()
 	return nil
 }
 
+// drillCheck returns how a drill checks the store it restored: with the
+// engine its manifest names, with the engine --engine names (an unknown
+// name is a usage error), or not at all.
+func drillCheck(engine string, noCheck bool) (func(ctx context.Context, engine, dir string) (engines.Result, error), error) {
+	if noCheck {
+		return nil, nil
+	}
+	if engine == "" {
+		return engines.Check, nil
+	}
+	e, err := engines.Lookup(engine)
+	if err != nil {
+		return nil, usageError{fmt.Errorf("--engine: %w (an engine plugin is found with --plugin-dir)", err)}
+	}
+	return func(ctx context.Context, _ string, dir string) (engines.Result, error) { return e.Check(ctx, dir) }, nil
+}
+
 // jobDrill is `ckpt drill` without --task: every task of the newest
 // job-complete checkpoint, restored at once.
-func jobDrill(ctx context.Context, o restore.JobDrillOptions, check, asJSON bool) error {
-	if check {
-		o.Check = engines.Check
-	}
+func jobDrill(ctx context.Context, o restore.JobDrillOptions, asJSON bool) error {
 	res, err := restore.JobDrill(ctx, o)
 	if err != nil {
 		return err

@@ -83,6 +83,7 @@ func commands() []command {
 		{"gc", "apply retention and delete objects no retained checkpoint needs", runGC},
 		{"drill", "restore the newest checkpoint (of a task, or of every task of the job) from storage into scratch dirs, verify it, time it", runDrill},
 		{"demo", "run the whole loop on a Pebble store and file:// storage in a temporary directory", runDemo},
+		{"savepoint", "copy a checkpoint (or a job-complete one of every task) to storage of its own, which no retention or GC touches", runSavepoint},
 		{"plugins", "list the storage and engine plugins of a plugin directory, and why any were refused", runPlugins},
 		{"version", "print the version (also ckpt --version)", runVersion},
 	}

@@ -20,7 +20,7 @@ import (
 
 // sidecarOnly are the agent flags that a tenants file replaces: each tenant
 // names its storage, job and roots, and its credentials decide who connects.
-var sidecarOnly = []string{"storage", "job", "allow-root", "allow-uid", "allow-gid"}
+var sidecarOnly = []string{"storage", "job", "allow-root", "allow-uid", "allow-gid", "standby-for"}
 
 // runNodeAgent is `ckpt agent --tenants FILE`: one agent serving the
 // tenants of the file on one socket. It takes every other agent flag from
@@ -48,6 +48,13 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 
 	if num("max-connections") < 1 {
 		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", num("max-connections"))}
+	}
+	ckptTimeout := dur("checkpoint-timeout")
+	if ckptTimeout < 0 {
+		return usageError{errors.New("--checkpoint-timeout must not be negative (0: none)")}
+	}
+	if ckptTimeout == 0 {
+		ckptTimeout = -1 // none
 	}
 	idle := dur("idle-timeout")
 	if idle < 0 {
@@ -102,7 +109,7 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 		MaxConnections: num("max-connections"), IdleTimeout: idle,
 		Retain: num("retain"), GCGrace: dur("gc-grace"), GCInterval: dur("gc-interval"), ReuseCheckMaxAge: dur("reuse-check-max-age"), ScrubRate: i64("scrub-rate"),
 		UploadConcurrency: num("upload-concurrency"), MaxConcurrent: num("max-concurrent"), MaxQueued: num("max-queued"),
-		ShutdownGrace: dur("shutdown-grace"), CommitPatience: dur("commit-patience"), Version: version, Logger: log,
+		ShutdownGrace: dur("shutdown-grace"), CommitPatience: dur("commit-patience"), CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
 		DrillInterval: dur("drill-interval"),
 	}
 	cfg.TenantServices = func(t agent.Tenant, tenantDir string) (agent.TenantServices, error) {

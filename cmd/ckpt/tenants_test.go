@@ -19,12 +19,13 @@ func TestTenantsModeRefusesSidecarFlagsAndBadFiles(t *testing.T) {
 	os.WriteFile(bad, []byte("tenants:\n- {name: a, uid: 1, job: a, storage: 'file://"+dir+"', allow_roots: [rel], tasks: '*'}\n"), 0o644)
 	base := []string{"agent", "--socket", filepath.Join(dir, "s.sock"), "--local-dir", filepath.Join(dir, "local")}
 	for name, extra := range map[string][]string{
-		"--storage":    {"--tenants", good, "--storage", "file://" + dir},
-		"--job":        {"--tenants", good, "--job", "j"},
-		"--allow-root": {"--tenants", good, "--allow-root", dir},
-		"--allow-uid":  {"--tenants", good, "--allow-uid", "5"},
-		"a bad file":   {"--tenants", bad},
-		"no file":      {"--tenants", filepath.Join(dir, "missing.yaml")},
+		"--storage":     {"--tenants", good, "--storage", "file://" + dir},
+		"--job":         {"--tenants", good, "--job", "j"},
+		"--allow-root":  {"--tenants", good, "--allow-root", dir},
+		"--allow-uid":   {"--tenants", good, "--allow-uid", "5"},
+		"--standby-for": {"--tenants", good, "--standby-for", "t-0"},
+		"a bad file":    {"--tenants", bad},
+		"no file":       {"--tenants", filepath.Join(dir, "missing.yaml")},
 	} {
 		// A flag let through would start the agent: the deadline stops it.
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

@@ -141,6 +141,28 @@ func (s *Store) String() string {
 	return "gs://" + s.name + "/" + strings.TrimSuffix(s.prefix, "/")
 }
 
+// CopyFrom copies srcKey of src to key with the service's rewrite when src
+// is a GCS store of the same endpoint (the bytes stay in the service);
+// copied is false for any other store.
+func (s *Store) CopyFrom(ctx context.Context, src storage.Store, srcKey, key string, size int64) (bool, error) {
+	o, ok := storage.Innermost(src).(*Store)
+	if !ok || o.endpoint != s.endpoint {
+		return false, nil
+	}
+	from, err := o.object(srcKey)
+	if err != nil {
+		return false, err
+	}
+	to, err := s.object(key)
+	if err != nil {
+		return false, err
+	}
+	if _, err := to.Retryer(gcs.WithPolicy(gcs.RetryAlways)).CopierFrom(from).Run(ctx); err != nil {
+		return false, s.wrap("copy from "+o.String()+" to", key, err)
+	}
+	return true, nil
+}
+
 // Close closes the client.
 func (s *Store) Close() error { return s.client.Close() }
 

@@ -277,6 +277,35 @@ func (s *Store) Close() error {
 	return nil
 }
 
+// maxCopy is the largest object one CopyObject call copies.
+const maxCopy = 5 << 30
+
+// CopyFrom copies srcKey of src to key with CopyObject when src is an S3
+// store reached through the same endpoint (the bytes stay in the
+// service); copied is false for any other store and for objects above
+// 5 GiB. The copy takes this store's server-side encryption settings.
+func (s *Store) CopyFrom(ctx context.Context, src storage.Store, srcKey, key string, size int64) (bool, error) {
+	o, ok := storage.Innermost(src).(*Store)
+	if !ok || o.endpoint != s.endpoint || size > maxCopy {
+		return false, nil
+	}
+	sk, err := o.objectKey(srcKey)
+	if err != nil {
+		return false, err
+	}
+	k, err := s.objectKey(key)
+	if err != nil {
+		return false, err
+	}
+	source := url.PathEscape(o.bucket) + "/" + strings.ReplaceAll(url.PathEscape(*sk), "%2F", "/")
+	_, err = s.client.CopyObject(ctx, &s3.CopyObjectInput{Bucket: &s.bucket, Key: k, CopySource: &source,
+		ServerSideEncryption: s.sse, SSEKMSKeyId: s.kmsKeyID})
+	if err != nil {
+		return false, s.wrap("copy from "+o.String()+" to", key, err)
+	}
+	return true, nil
+}
+
 // Client returns the SDK client (for tests and tools).
 func (s *Store) Client() *s3.Client { return s.client }
 
