@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -359,5 +360,49 @@ func TestASidecarRefusesAnotherJob(t *testing.T) {
 	}
 	if ev := r.checkpoint(fmt.Sprintf(`{"op":"checkpoint","job":"job","task":"t","checkpoint":1,"dir":%q}`, dir)); ev["event"] != "completed" {
 		t.Fatalf("naming the agent's own job: %v", ev)
+	}
+}
+
+// TestACgroupTenantMatchesThePeersRealCgroup: the peer's pid from
+// SO_PEERCRED leads to its cgroup v2 path in /proc; a tenant whose cgroup
+// the peer is not in does not match it.
+func TestACgroupTenantMatchesThePeersRealCgroup(t *testing.T) {
+	own, err := peerCgroup(int32(os.Getpid()))
+	if err != nil {
+		t.Skipf("no cgroup v2 path here: %v", err)
+	}
+	uid := os.Getuid()
+	for _, c := range []struct {
+		cgroup string
+		want   string
+	}{{own, "hello"}, {filepath.Join(own, "no-such-pod"), "error"}} {
+		base := t.TempDir()
+		root := filepath.Join(base, "root")
+		os.MkdirAll(root, 0o755)
+		fs, err := file.New(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		tenants, err := ParseTenants(fmt.Appendf(nil, "tenants:\n- {name: a, uid: %d, cgroup: %q, job: a, storage: \"file:///x\", allow_roots: [%s], tasks: \"*\"}\n", uid, c.cgroup, root))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := New(Config{Socket: filepath.Join(base, "s.sock"), LocalDir: filepath.Join(base, "local"), Tenants: tenants, GCGrace: time.Hour,
+			TenantServices: func(Tenant, string) (TenantServices, error) { return TenantServices{Store: fs}, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- a.Run(ctx) }()
+		<-a.Ready()
+		line, err := helloLine(filepath.Join(base, "s.sock"))
+		cancel()
+		<-done
+		var ev map[string]any
+		json.Unmarshal([]byte(line), &ev)
+		if err != nil || ev["event"] != c.want {
+			t.Errorf("a peer in cgroup %s, tenant cgroup %s: %q %v, want %s", own, c.cgroup, line, err, c.want)
+		}
 	}
 }
