@@ -223,17 +223,25 @@ func dirNames(f *os.File) ([]string, error) {
 // giveTo hands a restored target to the peer that asked for it, in
 // node-agent mode: the agent created the directory and its files, and the
 // tenant's app, running as another uid, must be able to open its store.
-// The target is opened under its parent's fd and its entries are changed
-// with fchownat, following no symlink.
+// The target is opened under its parent's fd, through no symlink, and
+// changed only if it is still a directory of the agent's own uid: the peer
+// can replace the target in its root, but cannot make a directory owned by
+// the agent nor add entries to one, so every entry changed (fchownat, no
+// symlink followed) is one the restore made. The directory itself is
+// changed last, through its fd.
 func giveTo(parent *os.File, name string, p Peer) error {
-	if err := unix.Fchownat(int(parent.Fd()), name, int(p.UID), int(p.GID), unix.AT_SYMLINK_NOFOLLOW); err != nil {
-		return err
-	}
 	d, err := safefs.OpenDirAt(parent, name)
 	if err != nil {
 		return err
 	}
 	defer d.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(d.Fd()), &st); err != nil {
+		return err
+	}
+	if self := uint32(os.Geteuid()); st.Uid != self {
+		return fmt.Errorf("%s is owned by uid %d, not by the agent (uid %d) that restored it: it was replaced", name, st.Uid, self)
+	}
 	names, err := d.Readdirnames(-1)
 	if err != nil {
 		return err
@@ -243,5 +251,5 @@ func giveTo(parent *os.File, name string, p Peer) error {
 			return err
 		}
 	}
-	return nil
+	return unix.Fchown(int(d.Fd()), int(p.UID), int(p.GID))
 }
