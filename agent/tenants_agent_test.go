@@ -406,3 +406,42 @@ func TestACgroupTenantMatchesThePeersRealCgroup(t *testing.T) {
 		}
 	}
 }
+
+// TestARestoredTargetReplacedByThePeerIsNotGivenAway: giveTo changes the
+// target only while it is the agent's own directory; one the peer swapped
+// in (its own, holding a link to a file of someone else) is left alone.
+func TestARestoredTargetReplacedByThePeerIsNotGivenAway(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to own files as another uid")
+	}
+	parent := t.TempDir()
+	swapped := filepath.Join(parent, "target")
+	os.Mkdir(swapped, 0o755)
+	os.Chown(swapped, 2001, 2001)
+	victim := filepath.Join(swapped, "shadow")
+	os.WriteFile(victim, []byte("root's"), 0o600) // root's file, as a link would show it
+	pf, err := os.Open(parent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pf.Close()
+	if err := giveTo(pf, "target", Peer{UID: 2001, GID: 2001}); err == nil {
+		t.Fatal("a target the peer replaced was given away")
+	}
+	var st syscall.Stat_t
+	if err := syscall.Lstat(victim, &st); err != nil || st.Uid != 0 {
+		t.Fatalf("a file in the replaced target now belongs to uid %d (%v)", st.Uid, err)
+	}
+	// The agent's own target is given to the peer, its files with it.
+	own := filepath.Join(parent, "own")
+	os.Mkdir(own, 0o750)
+	os.WriteFile(filepath.Join(own, "CURRENT"), []byte("x"), 0o640)
+	if err := giveTo(pf, "own", Peer{UID: 2001, GID: 2002}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{own, filepath.Join(own, "CURRENT")} {
+		if err := syscall.Lstat(p, &st); err != nil || st.Uid != 2001 || st.Gid != 2002 {
+			t.Fatalf("%s: uid %d gid %d (%v)", p, st.Uid, st.Gid, err)
+		}
+	}
+}
