@@ -269,6 +269,7 @@ func runVerify(ctx context.Context, args []string) error {
 		Problems    []manifests.Problem `json:"problems"`
 	}
 	res := result{Problems: []manifests.Problem{}}
+	var ms []*manifests.Manifest
 	for _, r := range cat.Retained(*task) {
 		if *n != 0 && r.Checkpoint != *n {
 			continue
@@ -279,18 +280,15 @@ func runVerify(ctx context.Context, args []string) error {
 			res.Problems = append(res.Problems, manifests.Problem{Task: r.Task, Checkpoint: r.Checkpoint, Problem: err.Error()})
 			continue
 		}
-		probs, b, err := manifests.Verify(ctx, st, m, *par)
-		if err != nil {
-			return err
-		}
-		for _, f := range m.Files {
-			if f.Key != "" {
-				res.Objects++
-			}
-		}
-		res.Bytes += b
-		res.Problems = append(res.Problems, probs...)
+		ms = append(ms, m)
 	}
+	// Each object once, whichever checkpoints share it.
+	probs, objects, b, err := manifests.VerifyAll(ctx, st, ms, *par)
+	if err != nil {
+		return err
+	}
+	res.Objects, res.Bytes = objects, b
+	res.Problems = append(res.Problems, probs...)
 	if *n != 0 && res.Checkpoints == 0 {
 		return fmt.Errorf("checkpoint %d of task %s is not a complete retained checkpoint (see ckpt list)", *n, *task)
 	}

@@ -2,15 +2,14 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/engines"
-	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/statuspage"
 	"github.com/ckpt-io/ckpt/storage"
@@ -19,13 +18,13 @@ import (
 )
 
 // sidecarOnly are the agent flags that a tenants file replaces: each tenant
-// names its storage, job and roots, and its credentials decide who connects.
+// names its storage, job and roots, and its credentials decide who
+// connects; standby copies follow tasks of one job.
 var sidecarOnly = []string{"storage", "job", "allow-root", "allow-uid", "allow-gid", "standby-for"}
 
-// runNodeAgent is `ckpt agent --tenants FILE`: one agent serving the
-// tenants of the file on one socket. It takes every other agent flag from
-// fs, already parsed (command line, environment, --config).
-func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
+// checkTenantFlags refuses, with --tenants, the flags the tenants file
+// replaces, however they were given (command line, CKPT_<FLAG>, --config).
+func checkTenantFlags(fs *flag.FlagSet) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	for _, name := range sidecarOnly {
@@ -33,52 +32,16 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 			return usageError{fmt.Errorf("--%s cannot be combined with --tenants: the tenants file names each tenant's storage, job, allow_roots and credentials", name)}
 		}
 	}
-	if err := checkArgs(fs, "socket", "local-dir"); err != nil {
-		return err
-	}
-	tenants, err := agent.LoadTenants(file)
-	if err != nil {
-		return usageError{err}
-	}
-	get := func(name string) any { return fs.Lookup(name).Value.(flag.Getter).Get() }
-	dur := func(name string) time.Duration { return get(name).(time.Duration) }
-	num := func(name string) int { return get(name).(int) }
-	i64 := func(name string) int64 { return get(name).(int64) }
-	str := func(name string) string { return get(name).(string) }
+	return nil
+}
 
-	if num("max-connections") < 1 {
-		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", num("max-connections"))}
-	}
-	ckptTimeout := dur("checkpoint-timeout")
-	if ckptTimeout < 0 {
-		return usageError{errors.New("--checkpoint-timeout must not be negative (0: none)")}
-	}
-	if ckptTimeout == 0 {
-		ckptTimeout = -1 // none
-	}
-	idle := dur("idle-timeout")
-	if idle < 0 {
-		return usageError{errors.New("--idle-timeout must not be negative (0: never)")}
-	}
-	if idle == 0 {
-		idle = -1
-	}
-	log, err := newLogger(str("log-level"))
+// runNodeAgent is `ckpt agent --tenants FILE`: one agent serving the
+// tenants of the file on one socket, with the other agent settings of o
+// (already checked) shared by all of them.
+func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.Duration, log *slog.Logger) error {
+	tenants, err := agent.LoadTenants(o.tenants)
 	if err != nil {
-		return err
-	}
-	if err := checkRetain(fs); err != nil {
-		return err
-	}
-	if err := manifests.CheckGCGrace("--gc-grace", dur("gc-grace")); err != nil {
 		return usageError{err}
-	}
-	if dur("gc-interval") == 0 {
-		return usageError{errors.New("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
-	}
-	warnLoweredGraceFloor()
-	if i64("upload-rate") < 0 || i64("drill-rate") < 0 || i64("scrub-rate") < 0 {
-		return usageError{errors.New("--upload-rate, --drill-rate and --scrub-rate must not be negative")}
 	}
 	// The node's telemetry counts what no tenant owns (connections refused
 	// at accept); each tenant records under its job (ForJob).
@@ -101,21 +64,19 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 			s.base.Close()
 		}
 	}()
-	localDir, scratch := str("local-dir"), str("drill-dir")
-	limits := ratelimit.Limits{Upload: i64("upload-rate")}
 	var openErr error // a store that cannot be opened: exit 1, not bad usage
 	cfg := agent.Config{
-		Socket: str("socket"), Node: str("node"), LocalDir: localDir, Telemetry: tel, Tenants: tenants,
-		MaxConnections: num("max-connections"), IdleTimeout: idle,
-		Retain: num("retain"), GCGrace: dur("gc-grace"), GCInterval: dur("gc-interval"), ReuseCheckMaxAge: dur("reuse-check-max-age"), ScrubRate: i64("scrub-rate"),
-		UploadConcurrency: num("upload-concurrency"), MaxConcurrent: num("max-concurrent"), MaxQueued: num("max-queued"),
-		ShutdownGrace: dur("shutdown-grace"), CommitPatience: dur("commit-patience"), CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
-		DrillInterval: dur("drill-interval"),
+		Socket: o.socket, Node: o.node, LocalDir: o.localDir, Telemetry: tel, Tenants: tenants,
+		MaxConnections: o.maxConns, IdleTimeout: idle,
+		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
+		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued,
+		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
+		DrillInterval: o.drillEvery,
 	}
 	cfg.TenantServices = func(t agent.Tenant, tenantDir string) (agent.TenantServices, error) {
 		s, ok := stores[t.Storage]
 		if !ok {
-			if get("create-storage").(bool) {
+			if o.createStorage {
 				if err := createFileStorage(t.Storage); err != nil {
 					return agent.TenantServices{}, err
 				}
@@ -125,7 +86,8 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 				openErr = fmt.Errorf("tenant %q: %w", t.Name, err)
 				return agent.TenantServices{}, err
 			}
-			s = opened{base: base, up: ratelimit.New(base, limits), drill: ratelimit.New(base, ratelimit.Limits{Download: i64("drill-rate")})}
+			s = opened{base: base, up: ratelimit.New(base, ratelimit.Limits{Upload: o.uploadRate}),
+				drill: ratelimit.New(base, ratelimit.Limits{Download: o.drillRate})}
 			stores[t.Storage] = s
 		}
 		jtel := tel.ForJob(t.Job, t.Storage)
@@ -137,9 +99,9 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 			recordRestore(ctx, jtel, r.Task, res, err)
 			return res, err
 		}
-		if dur("drill-interval") > 0 {
+		if o.drillEvery > 0 {
 			svc.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-				return restore.Drill(ctx, restore.DrillOptions{Store: s.drill, Job: job, Task: task, ScratchDir: scratch, Check: engines.Check})
+				return restore.Drill(ctx, restore.DrillOptions{Store: s.drill, Job: job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
 			}
 		}
 		return svc, nil
@@ -151,8 +113,8 @@ func runNodeAgent(ctx context.Context, fs *flag.FlagSet, file string) error {
 	if err != nil {
 		return usageError{err}
 	}
-	if addr := str("metrics-addr"); addr != "" {
-		bound, _, err := tel.Serve(ctx, addr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: get("pprof").(bool), Page: statuspage.Render, Logger: log})
+	if o.metricsAddr != "" {
+		bound, _, err := tel.Serve(ctx, o.metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: o.pprof, Page: statuspage.Render, Logger: log})
 		if err != nil {
 			return err
 		}
