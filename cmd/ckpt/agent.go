@@ -77,6 +77,7 @@ type agentOptions struct {
 	createStorage                      bool
 	logLevel                           string
 	config                             string
+	tenants                            string
 }
 
 // defineAgentFlags defines every flag of `ckpt agent` on fs, one line each,
@@ -117,6 +118,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.BoolVar(&o.createStorage, "create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.config, "config", "", "YAML or JSON file of flag values, keyed by flag name (the command line and CKPT_<FLAG> variables win)")
+	fs.StringVar(&o.tenants, "tenants", "", "node-agent mode: YAML or JSON file of tenants, each matched by peer uid/gid (and cgroup) to its job, storage, allow_roots and tasks pattern; replaces --storage, --job, --allow-root, --allow-uid, --allow-gid (see deploy/node-agent)")
 	return o
 }
 
@@ -163,10 +165,17 @@ func parseAgentFlags(args, environ []string) (*agentOptions, []string, error) {
 
 // check refuses settings the agent cannot start with, as usage errors.
 func (o *agentOptions) check(fs *flag.FlagSet) error {
-	if err := checkArgs(fs, "socket", "storage", "job", "local-dir"); err != nil {
+	required := []string{"socket", "storage", "job", "local-dir"}
+	if o.tenants != "" {
+		if err := checkTenantFlags(fs); err != nil {
+			return err
+		}
+		required = []string{"socket", "local-dir"}
+	}
+	if err := checkArgs(fs, required...); err != nil {
 		return err
 	}
-	if len(o.roots) == 0 {
+	if len(o.roots) == 0 && o.tenants == "" {
 		return usageError{errors.New("--allow-root is required: any process that can open the socket may name a dir to checkpoint or restore into, and the allowed roots confine them; give the app's data directory, or --allow-root / to allow any dir explicitly")}
 	}
 	for _, r := range o.roots {
@@ -237,6 +246,9 @@ func runAgent(ctx context.Context, args []string) error {
 		log.Warn("unknown environment variable: no ckpt agent flag is named by it (see ckpt agent --help)", "name", name)
 	}
 	warnLoweredGraceFloor()
+	if o.tenants != "" {
+		return runNodeAgent(ctx, o, ckptTimeout, idle, log)
+	}
 	// Telemetry first: the store's metrics decorator registers with it.
 	tel, err := telemetry.New(ctx, telemetry.Options{Job: o.job, Storage: o.store, Version: version})
 	if err != nil {
