@@ -41,6 +41,7 @@ type repeatable interface{ repeatable() }
 
 func (*stringList) repeatable() {}
 func (*idList) repeatable()     {}
+func (pinFlag) repeatable()     {}
 
 // applyEnv sets every flag of fs that the command line did not set from its
 // CKPT_<FLAG> variable in environ (KEY=VALUE entries), and returns the
