@@ -386,6 +386,9 @@ type gcReport struct {
 	LiveObjects         int   `json:"live_objects"`
 	LiveBytes           int64 `json:"live_bytes"`
 	RetainedCheckpoints int   `json:"retained_checkpoints"`
+	MarkedObjects       int   `json:"marked_objects"`
+	PendingObjects      int   `json:"pending_objects"`
+	IncompleteUploads   int   `json:"incomplete_uploads_removed"`
 }
 
 // completedEvent is the completed event of `ckpt trigger --json` and of
