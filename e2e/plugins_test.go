@@ -185,16 +185,7 @@ func TestAgentLivesOnAPluginThatCrashes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds plugins and runs them (about 20 s)")
 	}
-	dir := t.TempDir()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
-	}
+	dir := buildFaultyPlugin(t)
 	crashFile := filepath.Join(t.TempDir(), "crash")
 	writeFile(t, crashFile, nil)
 	snaps, localDir := t.TempDir(), t.TempDir()
@@ -226,16 +217,7 @@ func TestAHungPluginIsCutOffByTheCheckpointTimeout(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: builds a plugin and runs it")
 	}
-	dir := t.TempDir()
-	root, err := repoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
-	}
+	dir := buildFaultyPlugin(t)
 	hangFile := filepath.Join(t.TempDir(), "hang")
 	writeFile(t, hangFile, nil)
 	snaps, localDir := t.TempDir(), t.TempDir()
@@ -254,4 +236,21 @@ func TestAHungPluginIsCutOffByTheCheckpointTimeout(t *testing.T) {
 	snap2 := filepath.Join(snaps, "snap-2")
 	writeFencingSnapshot(t, snap2, 2)
 	trigger(t, socket, "orders-1", 2, snap2)
+}
+
+// buildFaultyPlugin builds plugins/testdata/ckpt-plugin-faulty into a
+// fresh plugin directory and returns the directory.
+func buildFaultyPlugin(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
+	}
+	return dir
 }
