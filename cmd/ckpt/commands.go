@@ -17,6 +17,9 @@ import (
 )
 
 func runRestore(ctx context.Context, args []string) error {
+	if hasFlag(args, "rescale-from") {
+		return runRescaleRestore(ctx, args)
+	}
 	fs := newFlags("restore", "--storage URL --job NAME --task T --target DIR [flags]",
 		"ckpt restore --storage s3://bucket/ckpt --job orders --task orders-3 --target /data/orders-3 --local-dir /data/ckpt-local --if-not-exists --if-checkpoint-exists")
 	store := fs.String("storage", "", "storage URL")
