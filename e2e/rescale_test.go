@@ -106,8 +106,8 @@ func describeWant(want []string, i int) string {
 
 type quietLog struct{}
 
-func (quietLog) Infof(string, ...any)               {}
-func (quietLog) Errorf(string, ...any)              {}
+func (quietLog) Infof(string, ...any)              {}
+func (quietLog) Errorf(string, ...any)             {}
 func (quietLog) Fatalf(format string, args ...any) { panic(fmt.Sprintf(format, args...)) }
 
 // rescaleApp is one old task: a Pebble store holding the ids [lo, hi).

@@ -24,8 +24,8 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/internal/safefs"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
@@ -742,4 +742,3 @@ func (quiet) Errorf(string, ...any) {}
 func (quiet) Fatalf(format string, args ...any) {
 	panic(fmt.Sprintf(format, args...))
 }
-
