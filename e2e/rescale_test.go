@@ -351,7 +351,8 @@ func TestRescaleRestoreRefusesBadRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	tasks := []string{"a", "b"}
+	// a holds "a", b holds "b", c holds "a" and "c": c overlaps a.
+	tasks := []string{"a", "b", "c"}
 	for _, task := range tasks {
 		dir := filepath.Join(apps, task)
 		db, err := pebble.Open(dir, &pebble.Options{Logger: quietLog{}})
@@ -361,8 +362,13 @@ func TestRescaleRestoreRefusesBadRequests(t *testing.T) {
 		if err := db.Set([]byte(task), []byte("v"), nil); err != nil {
 			t.Fatal(err)
 		}
+		if task == "c" {
+			if err := db.Set([]byte("a"), []byte("v"), nil); err != nil {
+				t.Fatal(err)
+			}
+		}
 		for n := uint64(1); n <= 2; n++ {
-			if n == 2 && task == "b" {
+			if n == 2 && task != "a" {
 				break // checkpoint 2 is not job-complete
 			}
 			snap, err := ckptpebble.Snapshot(db, dir, n)
@@ -396,10 +402,12 @@ func TestRescaleRestoreRefusesBadRequests(t *testing.T) {
 		{"a task named twice", []string{"--rescale-from", "a,a", "--key-range", ":", "--engine", "pebble"}, 2},
 		{"an unknown task", []string{"--rescale-from", "a,zz", "--key-range", ":", "--engine", "pebble"}, 1},
 		{"a checkpoint not complete for every task", []string{"--rescale-from", "a,b", "--key-range", ":", "--engine", "pebble", "--checkpoint", "2"}, 1},
+		{"old tasks whose keys overlap", []string{"--rescale-from", "a,c", "--key-range", ":", "--engine", "pebble"}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"restore", "--storage", storage, "--job", job, "--target", target}, tc.args...)
 			r := runCkpt(t, args...)
+			t.Logf("stderr: %s", r.Stderr)
 			if r.Code != tc.code || len(r.Stderr) == 0 {
 				t.Fatalf("exit %d, want %d; stderr: %s", r.Code, tc.code, r.Stderr)
 			}

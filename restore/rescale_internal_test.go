@@ -1,0 +1,140 @@
+package restore
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+
+	"github.com/ckpt-io/ckpt/manifests"
+)
+
+func TestParseKeyRange(t *testing.T) {
+	for _, tc := range []struct {
+		in         string
+		start, end []byte
+		err        string
+	}{
+		{in: "00:80", start: []byte{0}, end: []byte{0x80}},
+		{in: ":80", end: []byte{0x80}},
+		{in: "80:", start: []byte{0x80}},
+		{in: ":"},
+		{in: "80:40", err: "below"},
+		{in: "40:40", err: "below"},
+		{in: "4:", err: "hex"},
+		{in: "zz:", err: "hex"},
+		{in: ":zz", err: "hex"},
+		{in: "40", err: "START:END"},
+		{in: "1:2:3", err: "START:END"},
+	} {
+		start, end, err := ParseKeyRange(tc.in)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("ParseKeyRange(%q): error %v, want one saying %q", tc.in, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !bytes.Equal(start, tc.start) || !bytes.Equal(end, tc.end) || (tc.start == nil) != (start == nil) || (tc.end == nil) != (end == nil) {
+			t.Errorf("ParseKeyRange(%q) = %x, %x, %v", tc.in, start, end, err)
+		}
+	}
+}
+
+// newStore writes kvs into a new Pebble store in a temporary directory.
+func newStore(t *testing.T, kvs ...string) string {
+	t.Helper()
+	dir := filepath.Join(t.TempDir(), "db")
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quiet{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(kvs); i += 2 {
+		if err := db.Set([]byte(kvs[i]), []byte(kvs[i+1]), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// contribution is an old task that read kvs (sorted) in the range.
+func contribution(task string, kvs ...string) *oldTask {
+	h := sha256.New()
+	ot := &oldTask{task: task, m: &manifests.Manifest{Checkpoint: 1}}
+	for i := 0; i+1 < len(kvs); i += 2 {
+		hashKV(h, []byte(kvs[i]), []byte(kvs[i+1]))
+		ot.c.Keys++
+	}
+	ot.c.SHA256 = hex.EncodeToString(h.Sum(nil))
+	ot.first, ot.last = []byte(kvs[0]), []byte(kvs[len(kvs)-2])
+	return ot
+}
+
+func TestVerifyRescaledCatchesEveryDifferenceFromTheOldStores(t *testing.T) {
+	ctx := context.Background()
+	o := RescaleOptions{Start: []byte("b"), End: []byte("m")}
+	olds := func() []*oldTask {
+		return []*oldTask{contribution("t1", "b", "1", "c", "2"), contribution("t2", "k", "3", "l", "4")}
+	}
+	for _, tc := range []struct {
+		name  string
+		store []string
+		err   string
+	}{
+		{"the same keys and values pass", []string{"b", "1", "c", "2", "k", "3", "l", "4"}, ""},
+		{"a key below the range", []string{"a", "0", "b", "1", "c", "2", "k", "3", "l", "4"}, "outside the range"},
+		{"a key at the range's end", []string{"b", "1", "c", "2", "k", "3", "l", "4", "m", "5"}, "outside the range"},
+		{"a key between the old tasks' keys", []string{"b", "1", "c", "2", "d", "9", "k", "3", "l", "4"}, "no old task holds"},
+		{"a key inside one task's span", []string{"b", "1", "bb", "9", "c", "2", "k", "3", "l", "4"}, "task t1"},
+		{"a missing key", []string{"b", "1", "k", "3", "l", "4"}, "task t1"},
+		{"another value", []string{"b", "1", "c", "2", "k", "3", "l", "5"}, "task t2"},
+		{"a task's keys missing", []string{"b", "1", "c", "2"}, "none of the 2 keys task t2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			keys, err := verifyRescaled(ctx, newStore(t, tc.store...), o, olds())
+			if tc.err == "" {
+				if err != nil || keys != 4 {
+					t.Fatalf("verify: %d keys, %v", keys, err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Fatalf("verify: %v, want an error saying %q", err, tc.err)
+			}
+		})
+	}
+}
+
+func TestRangeKeysAreRefusedNotDropped(t *testing.T) {
+	dir := newStore(t, "a", "1")
+	db, err := pebble.Open(dir, &pebble.Options{Logger: quiet{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.RangeKeySet([]byte("b"), []byte("d"), nil, []byte("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	ot := &oldTask{task: "t", m: &manifests.Manifest{Checkpoint: 1}, db: db}
+	o := RescaleOptions{Start: []byte("a")}
+	po := &pebble.Options{}
+	po.EnsureDefaults()
+	wopts := po.MakeWriterOptions(6, db.TableFormat())
+	err = ot.copyRange(context.Background(), o, wopts, filepath.Join(t.TempDir(), "t"))
+	if err == nil || !strings.Contains(err.Error(), "range keys") {
+		t.Fatalf("copyRange over range keys: %v, want a refusal", err)
+	}
+	// Outside the range they do not matter.
+	ot = &oldTask{task: "t", m: &manifests.Manifest{Checkpoint: 1}, db: db}
+	o = RescaleOptions{End: []byte("b")}
+	if err := ot.copyRange(context.Background(), o, wopts, filepath.Join(t.TempDir(), "t")); err != nil || ot.c.Keys != 1 {
+		t.Fatalf("copyRange below the range keys: %d keys, %v", ot.c.Keys, err)
+	}
+}
