@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"hash"
+	"io"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -23,7 +24,9 @@ import (
 	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sys/unix"
 
+	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -473,11 +476,50 @@ func (t *oldTask) fetch(ctx context.Context, s storage.Store, dir *os.File, f ma
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := fromStorage(ctx, s, dir, f, nil); err != nil {
+	if err := fetchScratch(ctx, s, dir, f); err != nil {
 		return fmt.Errorf("rescale restore: %s of %s checkpoint %d: %w", f.Name, t.task, t.m.Checkpoint, err)
 	}
 	fetched.Add(f.Size)
 	return nil
+}
+
+// fetchScratch writes f from its inline bytes or its object into dir,
+// verifying size and SHA-256 as a restore does (a mismatch fails loudly),
+// but without an fsync: the old task's files live only in scratch, for the
+// time the new store is built from them, and a crash loses only the
+// scratch directory, never the target.
+func fetchScratch(ctx context.Context, s storage.Store, dir *os.File, f manifests.File) error {
+	var r io.Reader
+	if f.Inline != nil {
+		r = bytes.NewReader(f.Inline)
+	} else {
+		rc, err := s.Get(ctx, f.Key)
+		if err != nil {
+			return err
+		}
+		defer rc.Close()
+		r = rc
+	}
+	fd, err := unix.Openat(int(dir.Fd()), f.Name, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
+	if err != nil {
+		return &os.PathError{Op: "create", Path: filepath.Join(dir.Name(), f.Name), Err: err}
+	}
+	out := os.NewFile(uintptr(fd), filepath.Join(dir.Name(), f.Name))
+	defer out.Close()
+	h := sha256.New()
+	bp := fsutil.GetBuf()
+	defer fsutil.PutBuf(bp)
+	n, err := io.CopyBuffer(io.MultiWriter(out, h), io.LimitReader(r, f.Size+1), *bp)
+	if err != nil {
+		return err
+	}
+	if n != f.Size {
+		return fmt.Errorf("got %d bytes or more, the manifest says %d", n, f.Size)
+	}
+	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
+		return fmt.Errorf("sha256 %s does not match the manifest's %s: the stored object is corrupt", got, f.SHA256)
+	}
+	return out.Close()
 }
 
 // plan opens the old store read-only from its private files alone and

@@ -27,9 +27,10 @@ type RescaleDrillResult struct {
 	// task's whole checkpoint, in parallel, from storage alone.
 	PlainDurationMS int64 `json:"plain_duration_ms"`
 	PlainBytes      int64 `json:"plain_bytes"`
-	// PlainSameBytesMS is the plain restores' time scaled to Bytes (at the
-	// plain restores' throughput); TimeRatio is DurationMS over it.
-	PlainSameBytesMS float64 `json:"plain_same_bytes_ms"`
+	// PlainSameStateMS is the plain restores' time scaled to BytesInRange
+	// (at the plain restores' throughput): a plain restore of as much state
+	// as the new task gets. TimeRatio is DurationMS over it.
+	PlainSameStateMS float64 `json:"plain_same_state_ms"`
 	TimeRatio        float64 `json:"time_ratio"`
 	Verified         bool    `json:"verified"`
 }
@@ -81,10 +82,10 @@ func RescaleDrill(ctx context.Context, o RescaleOptions, scratchDir string) (*Re
 		out.PlainBytes += b
 	}
 	if out.PlainBytes > 0 {
-		out.PlainSameBytesMS = float64(out.PlainDurationMS) * float64(out.Bytes) / float64(out.PlainBytes)
+		out.PlainSameStateMS = float64(out.PlainDurationMS) * float64(out.BytesInRange) / float64(out.PlainBytes)
 	}
-	if out.PlainSameBytesMS > 0 {
-		out.TimeRatio = float64(out.DurationMS) / out.PlainSameBytesMS
+	if out.PlainSameStateMS > 0 {
+		out.TimeRatio = float64(out.DurationMS) / out.PlainSameStateMS
 	}
 	return out, nil
 }

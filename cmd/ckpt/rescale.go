@@ -137,8 +137,8 @@ func runRescaleDrill(ctx context.Context, args []string) error {
 	if *asJSON {
 		return printJSON(res)
 	}
-	fmt.Printf("rescale drill of %s checkpoint %d: %s fetched for %s of the range (%.2fx) in %d ms, verified; plain restore of the same checkpoints: %s in %d ms, %.0f ms for the same bytes (rescale %.2fx)\n",
+	fmt.Printf("rescale drill of %s checkpoint %d: %s fetched for %s of old state in the range (%.2fx) in %d ms, verified; plain restores of the same checkpoints: %s in %d ms, %.0f ms for as much state (rescale %.2fx)\n",
 		strings.Join(o.From, ","), res.Checkpoint, human.Bytes(res.Bytes), human.Bytes(res.BytesInRange), res.BytesRatio, res.DurationMS,
-		human.Bytes(res.PlainBytes), res.PlainDurationMS, res.PlainSameBytesMS, res.TimeRatio)
+		human.Bytes(res.PlainBytes), res.PlainDurationMS, res.PlainSameStateMS, res.TimeRatio)
 	return nil
 }
