@@ -63,11 +63,10 @@ type RescaleTask struct {
 	// BytesInRange is Pebble's estimate of the old store's bytes in the
 	// range (whole tables inside it, a share of the tables that straddle it).
 	BytesInRange int64 `json:"bytes_in_range"`
-	// Keys and SHA256 are the live keys of the old store in the range, as
-	// read from the old checkpoint: their count and a SHA-256 over the
-	// key/value pairs in order (each as uvarint length and bytes).
-	Keys   int64  `json:"keys"`
-	SHA256 string `json:"sha256"`
+	// Keys counts the live keys of the old store in the range, as read
+	// from the old checkpoint (the verification also compares SHA-256s
+	// over their key/value pairs, piece by piece).
+	Keys int64 `json:"keys"`
 	// First and Last are the task's first and last key in the range (hex).
 	First string `json:"first,omitempty"`
 	Last  string `json:"last,omitempty"`
@@ -316,10 +315,45 @@ type oldTask struct {
 	// need are the files to fetch: private files first, then the tables
 	// that meet the range and the blob files.
 	tables []manifests.File
+	// splits are keys inside the range where the old store's tables end:
+	// the range is cut there into pieces copied in parallel.
+	splits [][]byte
 	c      RescaleTask
-	first  []byte
+}
+
+// piece is a part [lo, hi) of the range (nil: open) of one old task, read
+// from the old store and written into new tables by one goroutine.
+type piece struct {
+	t      *oldTask
+	lo, hi []byte
+	keys   int64
+	sha256 string   // over the piece's key/value pairs, see hashKV
+	first  []byte   // the piece's first and last key; nil when it has none
 	last   []byte
-	ssts   []string // the new tables written from this task's keys
+	ssts   []string // the new tables written from its keys
+}
+
+// pieces cuts the range of each old task into up to n pieces at its
+// splits, evenly spaced among them.
+func pieces(olds []*oldTask, o RescaleOptions, n int) []*piece {
+	var out []*piece
+	for _, t := range olds {
+		cuts := t.splits
+		if len(cuts) >= n {
+			picked := make([][]byte, 0, n-1)
+			for i := 1; i < n; i++ {
+				picked = append(picked, cuts[i*len(cuts)/n])
+			}
+			cuts = picked
+		}
+		lo := o.Start
+		for _, c := range cuts {
+			out = append(out, &piece{t: t, lo: lo, hi: c})
+			lo = c
+		}
+		out = append(out, &piece{t: t, lo: lo, hi: o.End})
+	}
+	return out
 }
 
 func (t *oldTask) close() {
@@ -411,24 +445,33 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 		return nil, fmt.Errorf("rescale restore: %w", err)
 	}
 	wopts := nopts.MakeWriterOptions(6, db.TableFormat())
+	procs := runtime.GOMAXPROCS(0)
+	all := pieces(olds, o, 2*procs)
 	g, gctx = errgroup.WithContext(ctx)
-	g.SetLimit(runtime.GOMAXPROCS(0))
-	for i, t := range olds {
-		g.Go(func() error { return t.copyRange(gctx, o, wopts, filepath.Join(ingestDir, fmt.Sprintf("t%d", i))) })
+	g.SetLimit(procs)
+	for i, p := range all {
+		g.Go(func() error { return p.copy(gctx, wopts, filepath.Join(ingestDir, fmt.Sprintf("p%d", i))) })
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	contrib := contributions(olds)
+	contrib := contributions(all)
 	for i := 1; i < len(contrib); i++ {
-		if bytes.Compare(contrib[i-1].last, contrib[i].first) >= 0 {
+		a, b := contrib[i-1], contrib[i]
+		if bytes.Compare(a.last, b.first) >= 0 {
 			return nil, fmt.Errorf("rescale restore: tasks %s and %s both hold keys in the range (%x..%x and %x..%x): rescale needs old tasks that own disjoint key ranges",
-				contrib[i-1].task, contrib[i].task, contrib[i-1].first, contrib[i-1].last, contrib[i].first, contrib[i].last)
+				a.t.task, b.t.task, a.first, a.last, b.first, b.last)
 		}
 	}
 	var paths []string
-	for _, t := range contrib {
-		paths = append(paths, t.ssts...)
+	for _, p := range contrib {
+		paths = append(paths, p.ssts...)
+		p.t.c.Keys += p.keys
+	}
+	for _, t := range olds {
+		if err := t.sizeInRange(contrib); err != nil {
+			return nil, err
+		}
 	}
 	if len(paths) > 0 {
 		if err := db.Ingest(ctx, paths); err != nil {
@@ -555,8 +598,13 @@ func (t *oldTask) plan(o RescaleOptions, cache *pebble.Cache) error {
 				return fmt.Errorf("rescale restore: task %s checkpoint %d: its MANIFEST names table %s, which the checkpoint does not hold", t.task, t.m.Checkpoint, name)
 			}
 			want[name] = true
+			if k := tb.Largest.UserKey; (o.Start == nil || bytes.Compare(k, o.Start) > 0) && (o.End == nil || bytes.Compare(k, o.End) < 0) {
+				t.splits = append(t.splits, slices.Clone(k))
+			}
 		}
 	}
+	slices.SortFunc(t.splits, bytes.Compare)
+	t.splits = slices.CompactFunc(t.splits, bytes.Equal)
 	for _, f := range t.m.Files {
 		if f.Kind == manifests.Shared && (want[f.Name] || !strings.HasSuffix(f.Name, ".sst")) {
 			t.tables = append(t.tables, f)
@@ -598,10 +646,11 @@ func (f *absentFS) List(dir string) ([]string, error) {
 // maxTableBytes is where copyRange starts a new table.
 const maxTableBytes = 128 << 20
 
-// copyRange reads the old store's live keys in the range and writes them
-// into new tables under prefix, counting and hashing them as it goes.
-func (t *oldTask) copyRange(ctx context.Context, o RescaleOptions, wopts sstable.WriterOptions, prefix string) error {
-	ro := &pebble.IterOptions{LowerBound: o.Start, UpperBound: o.End, KeyTypes: pebble.IterKeyTypeRangesOnly}
+// copy reads the old store's live keys in the piece and writes them into
+// new tables under prefix, counting and hashing them as it goes.
+func (p *piece) copy(ctx context.Context, wopts sstable.WriterOptions, prefix string) error {
+	t := p.t
+	ro := &pebble.IterOptions{LowerBound: p.lo, UpperBound: p.hi, KeyTypes: pebble.IterKeyTypeRangesOnly}
 	it, err := t.db.NewIterWithContext(ctx, ro)
 	if err != nil {
 		return fmt.Errorf("rescale restore: read task %s: %w", t.task, err)
@@ -631,7 +680,7 @@ func (t *oldTask) copyRange(ctx context.Context, o RescaleOptions, wopts sstable
 	}
 	defer finish()
 	for valid := it.First(); valid; valid = it.Next() {
-		if t.c.Keys%4096 == 0 && ctx.Err() != nil {
+		if p.keys%4096 == 0 && ctx.Err() != nil {
 			return ctx.Err()
 		}
 		v, err := it.ValueAndErr()
@@ -645,23 +694,23 @@ func (t *oldTask) copyRange(ctx context.Context, o RescaleOptions, wopts sstable
 			}
 		}
 		if w == nil {
-			p := fmt.Sprintf("%s-%06d.sst", prefix, len(t.ssts))
-			f, err := vfs.Default.Create(p, vfs.WriteCategoryUnspecified)
+			name := fmt.Sprintf("%s-%06d.sst", prefix, len(p.ssts))
+			f, err := vfs.Default.Create(name, vfs.WriteCategoryUnspecified)
 			if err != nil {
 				return fmt.Errorf("rescale restore: %w", err)
 			}
 			w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
-			t.ssts = append(t.ssts, p)
+			p.ssts = append(p.ssts, name)
 		}
 		if err := w.Set(k, v); err != nil {
 			return fmt.Errorf("rescale restore: write a new table: %w", err)
 		}
 		hashKV(h, k, v)
-		if t.first == nil {
-			t.first = slices.Clone(k)
+		if p.first == nil {
+			p.first = slices.Clone(k)
 		}
-		t.last = append(t.last[:0], k...)
-		t.c.Keys++
+		p.last = append(p.last[:0], k...)
+		p.keys++
 	}
 	if err := it.Error(); err != nil {
 		return fmt.Errorf("rescale restore: read task %s checkpoint %d: %w", t.task, t.m.Checkpoint, err)
@@ -669,15 +718,31 @@ func (t *oldTask) copyRange(ctx context.Context, o RescaleOptions, wopts sstable
 	if err := finish(); err != nil {
 		return fmt.Errorf("rescale restore: write a new table: %w", err)
 	}
-	t.c.SHA256 = hex.EncodeToString(h.Sum(nil))
-	if t.first != nil {
-		t.c.First, t.c.Last = hex.EncodeToString(t.first), hex.EncodeToString(t.last)
-		est, err := t.db.EstimateDiskUsage(t.first, t.last)
-		if err != nil {
-			return fmt.Errorf("rescale restore: size of task %s's range: %w", t.task, err)
+	p.sha256 = hex.EncodeToString(h.Sum(nil))
+	return nil
+}
+
+// sizeInRange sets the task's first and last key in the range and
+// Pebble's estimate of its bytes between them, from its pieces.
+func (t *oldTask) sizeInRange(contrib []*piece) error {
+	var first, last []byte
+	for _, p := range contrib {
+		if p.t == t {
+			if first == nil {
+				first = p.first
+			}
+			last = p.last
 		}
-		t.c.BytesInRange = int64(est)
 	}
+	if first == nil {
+		return nil
+	}
+	t.c.First, t.c.Last = hex.EncodeToString(first), hex.EncodeToString(last)
+	est, err := t.db.EstimateDiskUsage(first, last)
+	if err != nil {
+		return fmt.Errorf("rescale restore: size of task %s's range: %w", t.task, err)
+	}
+	t.c.BytesInRange = int64(est)
 	return nil
 }
 
@@ -690,13 +755,13 @@ func hashKV(h hash.Hash, k, v []byte) {
 	h.Write(v)
 }
 
-// contributions returns the old tasks that hold keys in the range, in the
-// order of their first key.
-func contributions(olds []*oldTask) []*oldTask {
-	var out []*oldTask
-	for _, t := range olds {
-		if t.first != nil {
-			out = append(out, t)
+// contributions returns the pieces that hold keys, in the order of their
+// first key.
+func contributions(all []*piece) []*piece {
+	var out []*piece
+	for _, p := range all {
+		if p.first != nil {
+			out = append(out, p)
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return bytes.Compare(out[i].first, out[j].first) < 0 })
@@ -705,16 +770,47 @@ func contributions(olds []*oldTask) []*oldTask {
 
 // verifyRescaled opens the new store in dir read-only and checks it
 // against the old stores: every key is in [Start, End) and in the span
-// [first, last] of exactly one old task, and per old task the count and
-// SHA-256 of the keys equal those read from its checkpoint. It returns
-// the number of keys.
-func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, contrib []*oldTask) (int64, error) {
+// [first, last] of exactly one piece, and per piece the count and SHA-256
+// of the keys equal those read from the old checkpoint. The key space is
+// checked in up to GOMAXPROCS segments at once, cut at pieces' first keys.
+// It returns the number of keys.
+func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, contrib []*piece) (int64, error) {
 	db, err := pebble.Open(dir, &pebble.Options{ReadOnly: true, Logger: quiet{}})
 	if err != nil {
 		return 0, fmt.Errorf("rescale restore: the new store does not open: %w", err)
 	}
 	defer db.Close()
-	it, err := db.NewIterWithContext(ctx, nil)
+	segs := max(1, min(runtime.GOMAXPROCS(0), len(contrib)))
+	counts := make([]int64, segs)
+	g, gctx := errgroup.WithContext(ctx)
+	for s := range segs {
+		a, b := s*len(contrib)/segs, (s+1)*len(contrib)/segs
+		var lo, hi []byte
+		if s > 0 {
+			lo = contrib[a].first
+		}
+		if s < segs-1 {
+			hi = contrib[b].first
+		}
+		g.Go(func() (err error) {
+			counts[s], err = verifySegment(gctx, db, o, lo, hi, contrib[a:b])
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return 0, err
+	}
+	var keys int64
+	for _, n := range counts {
+		keys += n
+	}
+	return keys, nil
+}
+
+// verifySegment checks the new store's keys in [lo, hi) (nil: open)
+// against pieces, the pieces whose keys lie there, in order.
+func verifySegment(ctx context.Context, db *pebble.DB, o RescaleOptions, lo, hi []byte, pieces []*piece) (int64, error) {
+	it, err := db.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: lo, UpperBound: hi})
 	if err != nil {
 		return 0, fmt.Errorf("rescale restore: read the new store: %w", err)
 	}
@@ -727,10 +823,10 @@ func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, contrib [
 		if i < 0 {
 			return nil
 		}
-		t := contrib[i]
-		if got := hex.EncodeToString(h.Sum(nil)); count != t.c.Keys || got != t.c.SHA256 {
-			return fmt.Errorf("rescale restore: the new store holds %d keys (sha256 %s) from task %s's part of the range, its checkpoint %d holds %d (sha256 %s)",
-				count, got, t.task, t.m.Checkpoint, t.c.Keys, t.c.SHA256)
+		p := pieces[i]
+		if got := hex.EncodeToString(h.Sum(nil)); count != p.keys || got != p.sha256 {
+			return fmt.Errorf("rescale restore: the new store holds %d keys (sha256 %s) in [%x, %x] from task %s, its checkpoint %d holds %d (sha256 %s)",
+				count, got, p.first, p.last, p.t.task, p.t.m.Checkpoint, p.keys, p.sha256)
 		}
 		return nil
 	}
@@ -743,17 +839,17 @@ func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, contrib [
 		if (o.Start != nil && bytes.Compare(k, o.Start) < 0) || (o.End != nil && bytes.Compare(k, o.End) >= 0) {
 			return 0, fmt.Errorf("rescale restore: the new store holds key %x outside the range [%x, %x)", k, o.Start, o.End)
 		}
-		for i < 0 || bytes.Compare(k, contrib[i].last) > 0 {
+		for i < 0 || bytes.Compare(k, pieces[i].last) > 0 {
 			if err := done(); err != nil {
 				return 0, err
 			}
 			i++
-			if i >= len(contrib) {
+			if i >= len(pieces) {
 				return 0, fmt.Errorf("rescale restore: the new store holds key %x, which no old task holds", k)
 			}
 			h, count = sha256.New(), 0
 		}
-		if bytes.Compare(k, contrib[i].first) < 0 {
+		if bytes.Compare(k, pieces[i].first) < 0 {
 			return 0, fmt.Errorf("rescale restore: the new store holds key %x, which no old task holds", k)
 		}
 		v, err := it.ValueAndErr()
@@ -769,9 +865,9 @@ func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, contrib [
 	if err := done(); err != nil {
 		return 0, err
 	}
-	if i+1 < len(contrib) {
-		t := contrib[i+1]
-		return 0, fmt.Errorf("rescale restore: the new store holds none of the %d keys task %s holds in the range", t.c.Keys, t.task)
+	if i+1 < len(pieces) {
+		p := pieces[i+1]
+		return 0, fmt.Errorf("rescale restore: the new store holds none of the %d keys in [%x, %x] of task %s", p.keys, p.first, p.last, p.t.task)
 	}
 	return keys, nil
 }

@@ -64,24 +64,24 @@ func newStore(t *testing.T, kvs ...string) string {
 	return dir
 }
 
-// contribution is an old task that read kvs (sorted) in the range.
-func contribution(task string, kvs ...string) *oldTask {
+// contribution is a piece of an old task that read kvs (sorted).
+func contribution(task string, kvs ...string) *piece {
 	h := sha256.New()
-	ot := &oldTask{task: task, m: &manifests.Manifest{Checkpoint: 1}}
+	p := &piece{t: &oldTask{task: task, m: &manifests.Manifest{Checkpoint: 1}}}
 	for i := 0; i+1 < len(kvs); i += 2 {
 		hashKV(h, []byte(kvs[i]), []byte(kvs[i+1]))
-		ot.c.Keys++
+		p.keys++
 	}
-	ot.c.SHA256 = hex.EncodeToString(h.Sum(nil))
-	ot.first, ot.last = []byte(kvs[0]), []byte(kvs[len(kvs)-2])
-	return ot
+	p.sha256 = hex.EncodeToString(h.Sum(nil))
+	p.first, p.last = []byte(kvs[0]), []byte(kvs[len(kvs)-2])
+	return p
 }
 
 func TestVerifyRescaledCatchesEveryDifferenceFromTheOldStores(t *testing.T) {
 	ctx := context.Background()
 	o := RescaleOptions{Start: []byte("b"), End: []byte("m")}
-	olds := func() []*oldTask {
-		return []*oldTask{contribution("t1", "b", "1", "c", "2"), contribution("t2", "k", "3", "l", "4")}
+	olds := func() []*piece {
+		return []*piece{contribution("t1", "b", "1", "c", "2"), contribution("t2", "k", "3", "l", "4")}
 	}
 	for _, tc := range []struct {
 		name  string
@@ -95,7 +95,7 @@ func TestVerifyRescaledCatchesEveryDifferenceFromTheOldStores(t *testing.T) {
 		{"a key inside one task's span", []string{"b", "1", "bb", "9", "c", "2", "k", "3", "l", "4"}, "task t1"},
 		{"a missing key", []string{"b", "1", "k", "3", "l", "4"}, "task t1"},
 		{"another value", []string{"b", "1", "c", "2", "k", "3", "l", "5"}, "task t2"},
-		{"a task's keys missing", []string{"b", "1", "c", "2"}, "none of the 2 keys task t2"},
+		{"a task's keys missing", []string{"b", "1", "c", "2"}, "none of the 2 keys in [6b, 6c] of task t2"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			keys, err := verifyRescaled(ctx, newStore(t, tc.store...), o, olds())
@@ -123,18 +123,16 @@ func TestRangeKeysAreRefusedNotDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	ot := &oldTask{task: "t", m: &manifests.Manifest{Checkpoint: 1}, db: db}
-	o := RescaleOptions{Start: []byte("a")}
 	po := &pebble.Options{}
 	po.EnsureDefaults()
 	wopts := po.MakeWriterOptions(6, db.TableFormat())
-	err = ot.copyRange(context.Background(), o, wopts, filepath.Join(t.TempDir(), "t"))
+	err = (&piece{t: ot, lo: []byte("a")}).copy(context.Background(), wopts, filepath.Join(t.TempDir(), "t"))
 	if err == nil || !strings.Contains(err.Error(), "range keys") {
 		t.Fatalf("copyRange over range keys: %v, want a refusal", err)
 	}
 	// Outside the range they do not matter.
-	ot = &oldTask{task: "t", m: &manifests.Manifest{Checkpoint: 1}, db: db}
-	o = RescaleOptions{End: []byte("b")}
-	if err := ot.copyRange(context.Background(), o, wopts, filepath.Join(t.TempDir(), "t")); err != nil || ot.c.Keys != 1 {
-		t.Fatalf("copyRange below the range keys: %d keys, %v", ot.c.Keys, err)
+	p := &piece{t: ot, hi: []byte("b")}
+	if err := p.copy(context.Background(), wopts, filepath.Join(t.TempDir(), "t")); err != nil || p.keys != 1 {
+		t.Fatalf("copy below the range keys: %d keys, %v", p.keys, err)
 	}
 }
