@@ -327,8 +327,8 @@ type piece struct {
 	t      *oldTask
 	lo, hi []byte
 	keys   int64
-	sha256 string   // over the piece's key/value pairs, see hashKV
-	first  []byte   // the piece's first and last key; nil when it has none
+	sha256 string // over the piece's key/value pairs, see hashKV
+	first  []byte // the piece's first and last key; nil when it has none
 	last   []byte
 	ssts   []string // the new tables written from its keys
 }
