@@ -17,6 +17,9 @@ func hasFlag(args []string, name string) bool {
 		if a == "--" {
 			return false
 		}
+		if !strings.HasPrefix(a, "-") {
+			continue // a value, such as a task named rescale-from
+		}
 		a = strings.TrimLeft(a, "-")
 		if a == name || strings.HasPrefix(a, name+"=") {
 			return true
