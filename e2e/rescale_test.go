@@ -46,14 +46,6 @@ func rescaleKey(id int) []byte { return binary.BigEndian.AppendUint32(nil, uint3
 // kvModel is what a store should hold.
 type kvModel map[string]string
 
-func (m kvModel) clone() kvModel {
-	c := kvModel{}
-	for k, v := range m {
-		c[k] = v
-	}
-	return c
-}
-
 // in returns the model's keys in [start, end) (nil: open), sorted.
 func (m kvModel) in(start, end []byte) []string {
 	var ks []string
