@@ -286,12 +286,13 @@ func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	if err := r.makeTemp(); err != nil {
 		return nil, err
 	}
-	scratch, err := os.MkdirTemp(filepath.Dir(target), tempPrefix(filepath.Base(target))+"scratch-")
+	scratch, unlock, err := makeScratch(target)
 	if err != nil {
 		r.removeTemp()
-		return nil, fmt.Errorf("rescale restore: scratch dir: %w", err)
+		return nil, err
 	}
 	defer os.RemoveAll(scratch)
+	defer unlock()
 	res, err := rescale(ctx, o, r, olds, scratch)
 	if err != nil {
 		r.removeTemp()
@@ -304,6 +305,53 @@ func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	res.Checkpoint, res.Target = n, target
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// scratchPrefix starts the name of the scratch directories that rescale
+// restores of the target base make beside it.
+func scratchPrefix(base string) string { return tempPrefix(base) + "scratch-" }
+
+// makeScratch creates the scratch directory of a rescale restore of
+// target, beside it (on its filesystem, so that new tables are linked into
+// the store, not copied), and locks it for as long as the restore runs.
+// It first removes the scratch directories that restores of the same
+// target left when they were killed: unlocked, and unchanged for
+// staleAfter (each can hold a large part of the old stores).
+func makeScratch(target string) (string, func(), error) {
+	parent, base := filepath.Dir(target), filepath.Base(target)
+	if entries, err := os.ReadDir(parent); err == nil {
+		for _, e := range entries {
+			if !e.IsDir() || !strings.HasPrefix(e.Name(), scratchPrefix(base)) {
+				continue
+			}
+			p := filepath.Join(parent, e.Name())
+			d, err := os.Open(p)
+			if err != nil {
+				continue
+			}
+			fi, err := d.Stat()
+			if err == nil && unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB) == nil && time.Since(fi.ModTime()) >= staleAfter {
+				os.RemoveAll(p)
+			}
+			d.Close()
+		}
+	}
+	scratch, err := os.MkdirTemp(parent, scratchPrefix(base))
+	if err != nil {
+		return "", nil, fmt.Errorf("rescale restore: scratch dir beside the target: %w", err)
+	}
+	d, err := os.Open(scratch)
+	if err == nil {
+		err = unix.Flock(int(d.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+	}
+	if err != nil {
+		if d != nil {
+			d.Close()
+		}
+		os.RemoveAll(scratch)
+		return "", nil, fmt.Errorf("rescale restore: lock %s: %w", scratch, err)
+	}
+	return scratch, func() { d.Close() }, nil
 }
 
 // oldTask is one old task's checkpoint, opened read-only in scratch.

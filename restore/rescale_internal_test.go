@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -134,5 +136,38 @@ func TestRangeKeysAreRefusedNotDropped(t *testing.T) {
 	p := &piece{t: ot, hi: []byte("b")}
 	if err := p.copy(context.Background(), wopts, filepath.Join(t.TempDir(), "t")); err != nil || p.keys != 1 {
 		t.Fatalf("copy below the range keys: %d keys, %v", p.keys, err)
+	}
+}
+
+func TestMakeScratchRemovesOnlyStaleUnlockedScratchDirs(t *testing.T) {
+	parent := t.TempDir()
+	target := filepath.Join(parent, "store")
+	old := time.Now().Add(-2 * staleAfter)
+	stale := filepath.Join(parent, scratchPrefix("store")+"killed")
+	young := filepath.Join(parent, scratchPrefix("store")+"young")
+	other := filepath.Join(parent, scratchPrefix("other")+"killed")
+	for _, d := range []string{stale, young, other} {
+		if err := os.MkdirAll(filepath.Join(d, "old-0"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if d != young {
+			os.Chtimes(d, old, old)
+		}
+	}
+	busy, unlockBusy, err := makeScratch(target) // a rescale restore running
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlockBusy()
+	os.Chtimes(busy, old, old)
+	scratch, unlock, err := makeScratch(target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	for d, want := range map[string]bool{stale: false, young: true, other: true, busy: true, scratch: true} {
+		if _, err := os.Stat(d); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(d), err == nil, want)
+		}
 	}
 }
