@@ -21,6 +21,7 @@ import (
 // rescaleResult is `ckpt restore --rescale-from --json`.
 type rescaleResult struct {
 	Restored     bool   `json:"restored"`
+	Task         string `json:"task"`
 	Checkpoint   uint64 `json:"checkpoint"`
 	Files        int    `json:"files"`
 	Bytes        int64  `json:"bytes"`
@@ -257,12 +258,13 @@ func TestRescaleRestoreBuildsEachNewTaskFromTheOldTasksKeyRanges(t *testing.T) {
 					end = nil
 				}
 				target := filepath.Join(apps, fmt.Sprintf("new%d-%d", newN, j))
+				task := fmt.Sprintf("new%d-%d", newN, j)
 				var res rescaleResult
 				ckptJSON(t, &res, "restore", "--storage", storage, "--job", job, "--rescale-from", from,
-					"--key-range", kr, "--engine", "pebble", "--target", target, "--json")
+					"--key-range", kr, "--engine", "pebble", "--target", target, "--task", task, "--json")
 				t.Logf("4->%d task %d [%s): %d keys, %d B fetched of %d B in checkpoint 2, %d B of the old stores in the range, %d files fetched, %d skipped",
 					newN, j, kr, res.Keys, res.Bytes, fullBytes, res.BytesInRange, res.FilesFetched, res.FilesSkipped)
-				if !res.Restored || !res.Verified || res.Checkpoint != 2 || res.Target != target {
+				if !res.Restored || !res.Verified || res.Checkpoint != 2 || res.Target != target || res.Task != task {
 					t.Fatalf("rescale restore %s: %+v", kr, res)
 				}
 				if want := len(model.in(start, end)); res.Keys != int64(want) {
@@ -276,7 +278,6 @@ func TestRescaleRestoreBuildsEachNewTaskFromTheOldTasksKeyRanges(t *testing.T) {
 
 				// The new task lives on: two checkpoints through the agent
 				// (the second uploads only its new tables), then a restore.
-				task := fmt.Sprintf("new%d-%d", newN, j)
 				a := &rescaleApp{task: task, dir: target, lo: lo, hi: hi, m: kvModel{}, rng: rand.New(rand.NewPCG(uint64(newN), uint64(j)))}
 				for _, k := range model.in(start, end) {
 					a.m[k] = model[k]

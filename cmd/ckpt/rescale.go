@@ -85,6 +85,7 @@ func runRescaleRestore(ctx context.Context, args []string) error {
 		"ckpt restore --storage s3://bucket/ckpt --job orders --rescale-from orders-0,orders-1 --key-range 4000:8000 --engine pebble --target /data/orders-new-1 --json")
 	f := addRescaleFlags(fs)
 	target := fs.String("target", "", "directory to build the new store in (must be absent or empty)")
+	task := fs.String("task", "", "the new task's name, reported in the result (optional)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parse(fs, args, "storage", "job", "rescale-from", "key-range", "engine", "target"); err != nil {
 		return err
@@ -92,6 +93,11 @@ func runRescaleRestore(ctx context.Context, args []string) error {
 	o, err := f.options()
 	if err != nil {
 		return err
+	}
+	if *task != "" {
+		if err := validNames(*f.job, *task); err != nil {
+			return err
+		}
 	}
 	o.Target = *target
 	st, err := openStore(ctx, *f.store)
@@ -104,6 +110,7 @@ func runRescaleRestore(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	res.Task = *task
 	if *asJSON {
 		return printJSON(res)
 	}
