@@ -246,17 +246,18 @@ func pickRescale(ctx context.Context, o RescaleOptions) (uint64, error) {
 // opened one, the read would fail, not return less. The old store's live
 // keys in the range are then read through Pebble's iterator (so
 // deletions, overwrites across levels and the WAL tail resolve as Pebble
-// resolves them) and written into new tables, which are ingested into a
-// new store. Whole-table ingestion of the old tables is impossible:
-// Pebble ingests only tables whose keys have sequence number zero, and a
-// checkpoint's tables carry the sequence numbers of their writes; so every
-// key is rewritten.
+// resolves them) and written into new tables, in pieces cut at table
+// bounds and copied in parallel, which are ingested into a new store.
+// Every key is rewritten: Pebble ingests only tables whose keys have
+// sequence number zero, a checkpoint's upper levels carry the sequence
+// numbers of their writes, and its bottom tables, though they may carry
+// zero, hold keys the upper levels delete or overwrite.
 //
 // The new store is reopened and checked (every key in the range, and per
-// old task the count and SHA-256 of its keys equal what the old store
-// holds), then renamed into place: the target appears whole and checked,
+// piece the count and SHA-256 of its keys equal what the old store holds
+// there), then renamed into place: the target appears whole and checked,
 // or not at all. Old tasks whose keys in the range overlap each other
-// fail the check: rescale restores stores that partition the key space.
+// fail: rescale restores stores that partition the key space.
 func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	start := time.Now()
 	target, err := checkRescale(&o)
