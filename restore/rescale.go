@@ -361,8 +361,8 @@ type oldTask struct {
 	m    *manifests.Manifest
 	dir  string
 	db   *pebble.DB
-	// need are the files to fetch: private files first, then the tables
-	// that meet the range and the blob files.
+	// tables are the shared files to fetch: the tables that meet the
+	// range, and the blob files.
 	tables []manifests.File
 	// splits are keys inside the range where the old store's tables end:
 	// the range is cut there into pieces copied in parallel.
@@ -422,10 +422,8 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	cache := pebble.NewCache(64 << 20)
 	defer cache.Unref()
 	var fetched atomic.Int64
-	// 1. The private files of every old task, and the plan: which tables
-	// meet the range.
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(o.Parallelism)
+	// Each old task's scratch dir, open: files are fetched relative to it.
+	dirs := make([]*os.File, len(olds))
 	for i, t := range olds {
 		t.dir = filepath.Join(scratch, fmt.Sprintf("old-%d", i))
 		if err := os.Mkdir(t.dir, 0o755); err != nil {
@@ -436,6 +434,14 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			return nil, fmt.Errorf("rescale restore: %w", err)
 		}
 		defer d.Close()
+		dirs[i] = d
+	}
+	// 1. The private files of every old task, and the plan: which tables
+	// meet the range.
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(o.Parallelism)
+	for i, t := range olds {
+		d := dirs[i]
 		t.c = RescaleTask{Task: t.task, Files: len(t.m.Files)}
 		for _, f := range t.m.Files {
 			if f.Kind == manifests.Shared {
@@ -457,12 +463,8 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	// 2. The tables that meet the range, and the blob files.
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(o.Parallelism)
-	for _, t := range olds {
-		d, err := safefs.OpenRoot(t.dir)
-		if err != nil {
-			return nil, fmt.Errorf("rescale restore: %w", err)
-		}
-		defer d.Close()
+	for i, t := range olds {
+		d := dirs[i]
 		for _, f := range t.tables {
 			t.c.FilesFetched++
 			t.c.BytesFetched += f.Size
