@@ -171,3 +171,42 @@ func TestMakeScratchRemovesOnlyStaleUnlockedScratchDirs(t *testing.T) {
 		}
 	}
 }
+
+func TestPiecesCoverEachTasksRangeWithoutGapsOrOverlap(t *testing.T) {
+	keys := func(ss ...string) [][]byte {
+		var out [][]byte
+		for _, s := range ss {
+			out = append(out, []byte(s))
+		}
+		return out
+	}
+	o := RescaleOptions{Start: []byte("b"), End: []byte("y")}
+	a := &oldTask{task: "a", splits: keys("c", "d", "e", "f", "g", "h", "i", "j")}
+	b := &oldTask{task: "b", splits: keys("p")}
+	c := &oldTask{task: "c"}
+	ps := pieces([]*oldTask{a, b, c}, o, 4)
+	count := map[*oldTask]int{}
+	var prev *piece
+	for _, p := range ps {
+		count[p.t]++
+		if prev == nil || prev.t != p.t {
+			if !bytes.Equal(p.lo, o.Start) {
+				t.Errorf("task %s's first piece starts at %q, want the range's start", p.t.task, p.lo)
+			}
+		} else if !bytes.Equal(prev.hi, p.lo) {
+			t.Errorf("task %s: a piece ends at %q, the next starts at %q", p.t.task, prev.hi, p.lo)
+		}
+		if p.hi != nil && bytes.Compare(p.lo, p.hi) >= 0 {
+			t.Errorf("task %s: empty piece [%q, %q)", p.t.task, p.lo, p.hi)
+		}
+		prev = p
+	}
+	for i, p := range ps {
+		if (i+1 == len(ps) || ps[i+1].t != p.t) && !bytes.Equal(p.hi, o.End) {
+			t.Errorf("task %s's last piece ends at %q, want the range's end", p.t.task, p.hi)
+		}
+	}
+	if count[a] != 4 || count[b] != 2 || count[c] != 1 {
+		t.Errorf("pieces per task: a %d, b %d, c %d; want 4 (at most n), 2 (one split), 1", count[a], count[b], count[c])
+	}
+}
