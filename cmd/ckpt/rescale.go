@@ -114,10 +114,18 @@ func runRescaleRestore(ctx context.Context, args []string) error {
 	if *asJSON {
 		return printJSON(res)
 	}
-	fmt.Printf("rescaled %s checkpoint %d into %s: %d keys in [%s, %s), %s fetched (%d files; %d outside the range not fetched), old bytes in the range %s, verified, in %d ms\n",
-		strings.Join(res.From, ","), res.Checkpoint, res.Target, res.Keys, res.Start, res.End, human.Bytes(res.Bytes),
+	fmt.Printf("rescaled %s checkpoint %d into %s: %d keys in [%s, %s), %s fetched (%d files; %d outside the range not fetched), old tables' bytes in the range %s, verified, in %d ms\n",
+		strings.Join(res.From, ","), res.Checkpoint, res.Target, res.Keys, bound(res.Start), bound(res.End), human.Bytes(res.Bytes),
 		res.FilesFetched, res.FilesSkipped, human.Bytes(res.BytesInRange), res.DurationMS)
 	return nil
+}
+
+// bound shows a hex bound of a key range; "" is open.
+func bound(hex string) string {
+	if hex == "" {
+		return "open"
+	}
+	return hex
 }
 
 // runRescaleDrill is `ckpt drill --rescale-from`.
@@ -147,8 +155,13 @@ func runRescaleDrill(ctx context.Context, args []string) error {
 	if *asJSON {
 		return printJSON(res)
 	}
-	fmt.Printf("rescale drill of %s checkpoint %d: %s fetched for %s of old state in the range (%.2fx) in %d ms, verified; plain restores of the same checkpoints: %s in %d ms, %.0f ms for as much state (rescale %.2fx)\n",
-		strings.Join(o.From, ","), res.Checkpoint, human.Bytes(res.Bytes), human.Bytes(res.BytesInRange), res.BytesRatio, res.DurationMS,
-		human.Bytes(res.PlainBytes), res.PlainDurationMS, res.PlainSameStateMS, res.TimeRatio)
+	fmt.Printf("rescale drill of %s checkpoint %d: %s fetched in %d ms, verified; plain restores of the same checkpoints: %s in %d ms\n",
+		strings.Join(o.From, ","), res.Checkpoint, human.Bytes(res.Bytes), res.DurationMS, human.Bytes(res.PlainBytes), res.PlainDurationMS)
+	if res.BytesInRange > 0 {
+		fmt.Printf("  the old tables hold %s in the range: fetched %.2fx that; a plain restore of as much state takes %.0f ms, the rescale %.2fx that\n",
+			human.Bytes(res.BytesInRange), res.BytesRatio, res.PlainSameStateMS, res.TimeRatio)
+	} else {
+		fmt.Println("  the old tables hold nothing in the range (its keys, if any, were in the WAL): no ratios")
+	}
 	return nil
 }
