@@ -130,11 +130,40 @@ type Config struct {
 	// internal. nil makes the op answer unavailable.
 	Restore func(ctx context.Context, r RestoreRequest) (*restore.Result, error)
 
+	// Tenants, when set, puts the agent in node-agent mode: one socket
+	// serves several tenants (see Tenant), each a job of its own with its
+	// store, allowed roots, task pattern and local dir
+	// (LocalDir/<tenant name>). A connection's peer credentials pick its
+	// tenant once, at accept; a peer that matches none, or a request that
+	// names another job, a task outside the tenant's pattern or a
+	// directory outside its roots, gets forbidden, and every snapshot file
+	// must be owned by the peer's uid. Store, Job, AllowRoots, AllowUIDs,
+	// AllowGIDs, Restore and Drill must then be unset: TenantServices
+	// gives each tenant's.
+	Tenants []Tenant
+	// TenantServices, required with Tenants, returns a tenant's store,
+	// restore, drill and telemetry; localDir is the tenant's own local
+	// dir. New calls it once per tenant, in order.
+	TenantServices func(t Tenant, localDir string) (TenantServices, error)
+
 	// wrapListener, when set (by tests), wraps the socket's listener.
 	wrapListener func(net.Listener) net.Listener
 }
 
 func (c *Config) defaults() error {
+	if len(c.Tenants) > 0 {
+		switch {
+		case c.Socket == "" || c.LocalDir == "":
+			return errors.New("agent: socket and local dir are required")
+		case c.Store != nil || c.Job != "" || len(c.AllowRoots) > 0 || len(c.AllowUIDs) > 0 || len(c.AllowGIDs) > 0:
+			return errors.New("agent: with tenants, each tenant names its storage, job and allowed roots, and its credentials decide who may connect: give no storage, job, allowed roots, allowed uids or gids besides")
+		case c.Restore != nil || c.Drill != nil || c.TenantServices == nil:
+			return errors.New("agent: with tenants, restores and drills come from TenantServices, which is required")
+		case len(c.StandbyFor) > 0 || c.Standby != nil:
+			return errors.New("agent: standby copies follow tasks of one job: not with tenants")
+		}
+		return nil
+	}
 	if c.Socket == "" || c.Store == nil || c.Job == "" || c.LocalDir == "" {
 		return errors.New("agent: socket, storage, job and local dir are required")
 	}
@@ -244,7 +273,9 @@ type RestoreRequest struct {
 	Parent *os.File
 }
 
-// Agent serves checkpoint requests for the tasks of one job.
+// Agent serves checkpoint requests for the tasks of one job, or, in
+// node-agent mode (Config.Tenants), one core Agent per tenant behind one
+// socket.
 type Agent struct {
 	cfg     Config
 	log     *slog.Logger
@@ -279,10 +310,19 @@ type Agent struct {
 	conns atomic.Int64 // open client connections
 
 	owners ownerCache // ownership records read for the job view
+
+	// cores, in node-agent mode, are the tenants' agents: this one only
+	// listens and hands each connection to the core of its peer's tenant.
+	cores []*Agent
+	// tenant, on a core, is the tenant it serves (nil in sidecar mode).
+	tenant *Tenant
 }
 
 // New checks cfg and prepares an agent; Run serves it.
 func New(cfg Config) (*Agent, error) {
+	if len(cfg.Tenants) > 0 {
+		return newNode(cfg)
+	}
 	cfg.AllowRoots = append([]string(nil), cfg.AllowRoots...)
 	if err := cfg.defaults(); err != nil {
 		return nil, err
@@ -330,21 +370,21 @@ func (a *Agent) Ready() <-chan struct{} { return a.ready }
 // in-flight checkpoints finish within the shutdown grace, aborts the rest,
 // and returns nil. It returns an error only if it cannot start.
 func (a *Agent) Run(ctx context.Context) error {
-	// One agent per local dir, for as long as it runs: another would take
-	// this one's checkpoints in flight for a crash's leftovers.
-	unlock, err := localrecovery.Lock(a.cfg.LocalDir)
-	if err != nil {
-		return err
+	cores := a.cores
+	if cores == nil {
+		cores = []*Agent{a}
 	}
-	defer unlock()
-	if err := a.recoverLocal(); err != nil {
-		return err
+	for _, c := range cores {
+		unlock, err := c.start(ctx)
+		if err != nil {
+			return err
+		}
+		defer unlock()
 	}
 	l, err := listen(a.cfg.Socket)
 	if err != nil {
 		return err
 	}
-	a.jobsCtx, a.cancelJobs = context.WithCancel(context.WithoutCancel(ctx))
 	connCtx, cancelConns := context.WithCancel(context.WithoutCancel(ctx))
 	var ln net.Listener = l
 	if a.cfg.wrapListener != nil {
@@ -358,18 +398,81 @@ func (a *Agent) Run(ctx context.Context) error {
 			conns.Add(1)
 			go func() {
 				defer conns.Done()
-				a.serveConn(connCtx, s)
+				defer a.conns.Add(-1)
+				s.a.serveConn(connCtx, s)
 			}()
 		})
 	}()
-	a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID, "node", a.cfg.Node)
+	if a.cores == nil {
+		a.log.Info("agent ready", "socket", a.cfg.Socket, "storage", a.cfg.Store.String(), "job", a.cfg.Job, "local_dir", a.cfg.LocalDir, "agent_id", a.agentID, "node", a.cfg.Node)
+	} else {
+		for _, c := range cores {
+			c.log.Info("tenant ready", "job", c.cfg.Job, "storage", c.cfg.Store.String(), "local_dir", c.cfg.LocalDir, "allow_roots", c.cfg.AllowRoots, "tasks", c.tenant.Tasks, "agent_id", c.agentID)
+		}
+		a.log.Info("node agent ready", "socket", a.cfg.Socket, "tenants", len(cores), "local_dir", a.cfg.LocalDir)
+	}
 	a.mu.Lock()
 	a.listening = true
 	a.mu.Unlock()
 	close(a.ready)
-	// The status page's job view: a scan of the job, while it is viewed.
-	a.cfg.Telemetry.SetJobSource(JobViewInterval, a.jobView)
-	defer a.cfg.Telemetry.SetJobSource(0, nil)
+	if a.cores == nil {
+		// The status page's job view: a scan of the job, while it is viewed.
+		a.cfg.Telemetry.SetJobSource(JobViewInterval, a.jobView)
+		defer a.cfg.Telemetry.SetJobSource(0, nil)
+	}
+	for _, c := range cores {
+		c.background(ctx)
+	}
+
+	<-ctx.Done()
+	a.log.Info("agent stopping", "grace", a.cfg.ShutdownGrace.String())
+	for _, c := range append([]*Agent{a}, a.cores...) {
+		c.mu.Lock()
+		c.draining = true
+		c.mu.Unlock()
+	}
+	close(stopAccept)
+	ln.Close()
+	<-acceptDone
+
+	// Every core drains within the same grace.
+	deadline := time.After(a.cfg.ShutdownGrace)
+	var drainers sync.WaitGroup
+	for _, c := range cores {
+		drainers.Add(1)
+		go func() {
+			defer drainers.Done()
+			c.drain(deadline)
+		}()
+	}
+	drainers.Wait()
+	cancelConns()
+	conns.Wait()
+	for _, c := range cores {
+		c.local.Wait() // discarded local copies still being removed
+	}
+	a.log.Info("agent stopped")
+	return nil
+}
+
+// start prepares a core to serve: it takes its local dir (one agent per
+// local dir, for as long as it runs: another would take this one's
+// checkpoints in flight for a crash's leftovers) and tidies it.
+func (a *Agent) start(ctx context.Context) (unlock func(), err error) {
+	unlock, err = localrecovery.Lock(a.cfg.LocalDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := a.recoverLocal(); err != nil {
+		unlock()
+		return nil, err
+	}
+	a.jobsCtx, a.cancelJobs = context.WithCancel(context.WithoutCancel(ctx))
+	return unlock, nil
+}
+
+// background starts a core's drills and scrubs, which stop with ctx.
+func (a *Agent) background(ctx context.Context) {
 	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
 		a.jobs.Add(1)
 		go a.drills(ctx)
@@ -382,31 +485,21 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.jobs.Add(1)
 		go a.standbys(ctx)
 	}
+}
 
-	<-ctx.Done()
-	a.log.Info("agent stopping", "grace", a.cfg.ShutdownGrace.String())
-	a.mu.Lock()
-	a.draining = true
-	a.mu.Unlock()
-	close(stopAccept)
-	ln.Close()
-	<-acceptDone
-
+// drain lets a stopping core's in-flight work finish until deadline, then
+// aborts what is left and waits for it.
+func (a *Agent) drain(deadline <-chan time.Time) {
 	drained := make(chan struct{})
 	go func() { a.jobs.Wait(); close(drained) }()
 	select {
 	case <-drained:
-	case <-time.After(a.cfg.ShutdownGrace):
+	case <-deadline:
 		a.log.Warn("shutdown grace over: aborting in-flight checkpoints")
 		a.cancelJobs()
 		<-drained
 	}
 	a.cancelJobs()
-	cancelConns()
-	conns.Wait()
-	a.local.Wait() // discarded local copies still being removed
-	a.log.Info("agent stopped")
-	return nil
 }
 
 // accept accepts connections until the listener is closed, and hands each
@@ -512,8 +605,14 @@ func (a *Agent) ReadyCheck(ctx context.Context) error {
 	case acceptErr != nil:
 		return fmt.Errorf("cannot accept connections: %w", acceptErr)
 	}
-	if _, err := a.cfg.Store.Stat(ctx, manifests.TasksPrefix(a.cfg.Job)+".ready-probe"); err != nil && !errors.Is(err, storage.ErrNotFound) {
-		return fmt.Errorf("storage %s unreachable: %w", a.cfg.Store, err)
+	cores := a.cores
+	if cores == nil {
+		cores = []*Agent{a}
+	}
+	for _, c := range cores {
+		if _, err := c.cfg.Store.Stat(ctx, manifests.TasksPrefix(c.cfg.Job)+".ready-probe"); err != nil && !errors.Is(err, storage.ErrNotFound) {
+			return fmt.Errorf("storage %s unreachable: %w", c.cfg.Store, err)
+		}
 	}
 	return nil
 }
@@ -550,6 +649,15 @@ func (a *Agent) resolveDir(dir string) (*safefs.Dir, *protocol.Error) {
 	if !filepath.IsAbs(dir) {
 		return nil, errorf(protocol.CodeBadRequest, "dir %s is not an absolute path", dir)
 	}
+	outside := protocol.CodeBadRequest
+	if a.tenant != nil {
+		// A tenant's peer is refused by name first: a path plainly outside
+		// its roots is not even looked up.
+		outside = protocol.CodeForbidden
+		if !a.lexicallyInside(dir) {
+			return nil, errorf(outside, "dir %s is outside the allowed roots of tenant %s", dir, a.tenant.Name)
+		}
+	}
 	resolved, err := filepath.EvalSymlinks(dir)
 	if err != nil {
 		return nil, errorf(protocol.CodeBadRequest, "dir %s: %v", dir, err)
@@ -568,7 +676,7 @@ func (a *Agent) resolveDir(dir string) (*safefs.Dir, *protocol.Error) {
 		}
 		return d, nil
 	}
-	return nil, errorf(protocol.CodeBadRequest, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
+	return nil, errorf(outside, "dir %s resolves to %s, outside the allowed roots (--allow-root)", dir, resolved)
 }
 
 // root is an allowed root, opened once when the agent starts.
@@ -596,6 +704,10 @@ func openRoots(paths []string) ([]root, error) {
 }
 
 func (a *Agent) handle(ctx context.Context, c *conn, req protocol.Request) {
+	if e := a.permit(req); e != nil {
+		c.send(refused(req, e))
+		return
+	}
 	switch req.Op {
 	case "hello":
 		c.send(protocol.Event{Event: "hello", ID: req.ID, Protocol: protocol.ProtocolVersion, Version: a.cfg.Version})
@@ -678,6 +790,13 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 			}
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &protocol.Error{Code: code, Message: err.Error()}})
 			return
+		}
+		if a.tenant != nil && res != nil && res.Restored {
+			if err := giveTo(parent.File(), base, c.peer()); err != nil {
+				c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint,
+					Error: errorf(protocol.CodeInternal, "restored %s, but could not give it to uid %d gid %d: %v (chown it, or remove it and restore again)", target, c.peer().UID, c.peer().GID, err)})
+				return
+			}
 		}
 		c.send(protocol.Event{Event: "restored", ID: req.ID, Restored: restored(res)})
 	}()

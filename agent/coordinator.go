@@ -174,6 +174,12 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 		return
 	}
 	defer dir.Close()
+	if a.tenant != nil {
+		if perr := checkOwner(dir, c.peer().UID); perr != nil {
+			c.send(failed(req, perr))
+			return
+		}
+	}
 	a.mu.Lock()
 	if a.draining {
 		a.mu.Unlock()

@@ -242,8 +242,9 @@ func (l *lineReader) next() (line []byte, tooLong bool, err error) {
 
 // admit decides, once at accept, whether a connection is served: it reads
 // the peer's credentials, refuses a peer --allow-uid/--allow-gid do not
-// name (forbidden) and a connection beyond --max-connections
-// (unavailable). A refused connection gets one error event and is closed.
+// name, or in node-agent mode one that matches no tenant (forbidden), and
+// a connection beyond --max-connections (unavailable). In node-agent mode
+// the session is served by the core of the peer's tenant. A refused connection gets one error event and is closed.
 func (a *Agent) admit(nc net.Conn) (*session, bool) {
 	p, credErr := peerCred(nc)
 	log := a.log.With(p.logAttrs()...)
@@ -259,6 +260,14 @@ func (a *Agent) admit(nc net.Conn) (*session, bool) {
 		nc.Close()
 		return nil, false
 	}
+	core := a
+	if a.cores != nil {
+		var e *protocol.Error
+		if core, e = a.tenantOf(p, credErr); e != nil {
+			return refuse(e)
+		}
+		log = core.log.With(p.logAttrs()...)
+	}
 	if !a.allowed(p, credErr) {
 		if credErr != nil {
 			return refuse(errorf(protocol.CodeForbidden, "cannot read the peer's credentials (%v), and --allow-uid/--allow-gid restrict who may connect", credErr))
@@ -269,7 +278,7 @@ func (a *Agent) admit(nc net.Conn) (*session, bool) {
 		a.conns.Add(-1)
 		return refuse(errorf(protocol.CodeUnavailable, "too many connections: %d open (limit --max-connections %d); retry later", n-1, a.cfg.MaxConnections))
 	}
-	s := &session{a: a, nc: nc, peer: p, log: log, enc: json.NewEncoder(nc), idleSince: time.Now()}
+	s := &session{a: core, nc: nc, peer: p, log: log, enc: json.NewEncoder(nc), idleSince: time.Now()}
 	s.enc.SetEscapeHTML(false)
 	return s, true
 }
@@ -305,7 +314,6 @@ func (s *session) busyUntil(idle time.Duration) (time.Time, bool) {
 // idle timeout, or the agent stops.
 func (a *Agent) serveConn(ctx context.Context, s *session) {
 	nc := s.nc
-	defer a.conns.Add(-1)
 	defer nc.Close()
 	lr := &lineReader{r: bufio.NewReaderSize(nc, 64<<10)}
 	stop := context.AfterFunc(ctx, func() {

@@ -16,6 +16,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"syscall"
+	"time"
 
 	"github.com/ckpt-io/ckpt/protocol"
 )
@@ -47,18 +49,59 @@ type Client struct {
 	done    chan struct{}
 }
 
+// DefaultDialWait is how long Dial waits, by default, for an agent whose
+// socket does not exist yet or does not accept connections yet (an agent
+// starting next to the app, or restarting).
+const DefaultDialWait = 30 * time.Second
+
+// DialOption changes how Dial connects.
+type DialOption func(*dialConfig)
+
+type dialConfig struct{ wait time.Duration }
+
+// WithDialWait sets how long Dial retries a socket that is missing or
+// refuses connections (default DefaultDialWait; 0: one attempt).
+func WithDialWait(d time.Duration) DialOption { return func(c *dialConfig) { c.wait = d } }
+
 // Dial connects to the agent listening on the Unix socket at path socket.
-// It sends nothing; the error of a failed connection says which socket
-// was tried.
-func Dial(ctx context.Context, socket string) (*Client, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", socket)
-	if err != nil {
-		return nil, fmt.Errorf("connect to the ckpt agent at %s: %w (is `ckpt agent --socket %s` running?)", socket, err, socket)
+// While the socket is missing or refuses connections it retries with
+// backoff (10 ms doubling to 1 s) until the agent answers, ctx is done or
+// the dial wait (WithDialWait) has passed; other errors (a permission
+// denied) return at once. It sends nothing; the error of a failed
+// connection says which socket was tried and for how long.
+func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, error) {
+	cfg := dialConfig{wait: DefaultDialWait}
+	for _, o := range opts {
+		o(&cfg)
 	}
-	c := &Client{conn: conn, waiters: map[string]chan Event{}, done: make(chan struct{})}
-	go c.read()
-	return c, nil
+	start := time.Now()
+	deadline := start.Add(cfg.wait)
+	backoff := 10 * time.Millisecond
+	var d net.Dialer
+	for {
+		conn, err := d.DialContext(ctx, "unix", socket)
+		if err == nil {
+			c := &Client{conn: conn, waiters: map[string]chan Event{}, done: make(chan struct{})}
+			go c.read()
+			return c, nil
+		}
+		waited := time.Since(start).Round(time.Millisecond)
+		if !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to the ckpt agent at %s (after %v): %w (is `ckpt agent --socket %s` running?)", socket, waited, err, socket)
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, fmt.Errorf("connect to the ckpt agent at %s: %w after %v of retries (is `ckpt agent --socket %s` running, and is the socket's directory shared with this container?)", socket, err, waited, socket)
+		}
+		t := time.NewTimer(min(backoff, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("connect to the ckpt agent at %s: %w after %v of retries: %w (is `ckpt agent --socket %s` running?)", socket, err, waited, ctx.Err(), socket)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
 }
 
 // Close closes the connection and waits for its reader to stop; calls

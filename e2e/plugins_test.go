@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"os"
 	"os/exec"
@@ -86,7 +88,8 @@ func TestCheckpointThroughTheS3Plugin(t *testing.T) {
 	root, localDir := t.TempDir(), t.TempDir()
 	socket := filepath.Join(shortDir(t), "ckpt.sock")
 	const job, task = "orders", "orders-3"
-	startAgent(t, "A", b.agentConfig(socket, job, localDir, []string{root}))
+	// The agent runs the plugin only as the build pinned here.
+	startAgent(t, "A", b.agentConfig(socket, job, localDir, []string{root}, "--plugin-sha256", "s3="+fileSHA256(t, filepath.Join(dir, "ckpt-plugin-s3"))))
 	snap1 := filepath.Join(root, "snap-1")
 	writeSnapshot1(t, snap1)
 	ev := trigger(t, socket, task, 1, snap1)
@@ -108,4 +111,147 @@ func TestCheckpointThroughTheS3Plugin(t *testing.T) {
 	if gc["live_objects"] == nil {
 		t.Errorf("gc --json: %v", gc)
 	}
+}
+
+func fileSHA256(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
+}
+
+// TestPluginPinsFromFlagsFileAndConfig: --plugin-sha256 and
+// --plugin-sha256-file pin plugin binaries on `ckpt plugins` and, through
+// --config, on the agent; a wrong pin refuses the binary before it runs
+// and says what to do, a pin for a missing plugin is an error.
+func TestPluginPinsFromFlagsFileAndConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds plugins and runs them (about 20 s)")
+	}
+	dir := buildPlugins(t)
+	s3 := filepath.Join(dir, "ckpt-plugin-s3")
+	right, wrong := fileSHA256(t, s3), strings.Repeat("0f", 32)
+
+	var found []pluginEntry
+	ckptJSON(t, &found, "plugins", "--plugin-dir", dir, "--plugin-sha256", "s3="+right, "--json")
+	if len(found) < 2 {
+		t.Errorf("plugins with a right pin: %+v", found)
+	}
+	ckptJSON(t, &found, "plugins", "--plugin-dir", dir, "--plugin-sha256",
+		"s3="+right+",memstore="+fileSHA256(t, filepath.Join(dir, "ckpt-plugin-memstore")), "--json")
+	pinFile := filepath.Join(t.TempDir(), "pins")
+	os.WriteFile(pinFile, []byte(right+"  "+s3+"\n"), 0o600)
+	ckptJSON(t, &found, "plugins", "--plugin-dir", dir, "--plugin-sha256-file", pinFile, "--json")
+
+	res := runCkpt(t, "plugins", "--plugin-dir", dir, "--plugin-sha256", "s3="+wrong)
+	if res.Code != 1 || !strings.Contains(string(res.Stdout), "memstore") || strings.Contains(string(res.Stdout), "ckpt-plugin-s3") {
+		t.Errorf("plugins with a wrong pin: exit %d\n%s", res.Code, res.Stdout)
+	}
+	lines := strings.Split(strings.TrimSpace(string(res.Stderr)), "\n")
+	if len(lines) != 1 || !strings.Contains(lines[0], "refused "+s3+": checksum mismatch: plugin s3 is pinned to SHA-256 "+wrong+" but the binary's is "+right) ||
+		!strings.Contains(lines[0], "pin the new hash") {
+		t.Errorf("plugins with a wrong pin, stderr:\n%s", res.Stderr)
+	}
+
+	res = runCkpt(t, "plugins", "--plugin-dir", dir, "--plugin-sha256", "azblob2="+right)
+	if res.Code != 1 || !strings.Contains(string(res.Stderr), "holds no ckpt-plugin-azblob2") {
+		t.Errorf("plugins with a pin for a missing plugin: exit %d\n%s", res.Code, res.Stderr)
+	}
+	for _, bad := range []string{"s3", "s3=xyz"} {
+		if res := runCkpt(t, "plugins", "--plugin-dir", dir, "--plugin-sha256", bad); res.Code != 2 {
+			t.Errorf("--plugin-sha256 %s: exit %d, want 2\n%s", bad, res.Code, res.Stderr)
+		}
+	}
+
+	// The agent takes its pins from --config: a wrong one keeps the
+	// plugin from running, so its scheme is not served and the agent stops.
+	cfg := filepath.Join(t.TempDir(), "agent.json")
+	os.WriteFile(cfg, []byte(`{"plugin-dir":"`+dir+`","plugin-sha256":["s3=`+wrong+`"],"socket":"`+filepath.Join(shortDir(t), "a.sock")+
+		`","storage":"s3+plugin://bucket/x","job":"j","local-dir":"`+t.TempDir()+`","allow-root":["/"]}`), 0o600)
+	res = runCkpt(t, "agent", "--config", cfg)
+	if res.Code != 1 || !strings.Contains(string(res.Stderr), "checksum mismatch: plugin s3 is pinned to SHA-256 "+wrong) {
+		t.Errorf("agent with a wrong pin in --config: exit %d\n%s", res.Code, res.Stderr)
+	}
+}
+
+// TestAgentLivesOnAPluginThatCrashes: a storage plugin that crashes
+// mid-upload, every time, fails that checkpoint with unavailable and a
+// message naming the plugin; the agent keeps serving, and once the plugin
+// behaves the next checkpoint (restarting it) completes.
+func TestAgentLivesOnAPluginThatCrashes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds plugins and runs them (about 20 s)")
+	}
+	dir := t.TempDir()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
+	}
+	crashFile := filepath.Join(t.TempDir(), "crash")
+	writeFile(t, crashFile, nil)
+	snaps, localDir := t.TempDir(), t.TempDir()
+	socket := filepath.Join(shortDir(t), "ckpt.sock")
+	a := startAgent(t, "A", agentConfig{Socket: socket, Storage: "faulty://" + t.TempDir(), Job: "orders", LocalDir: localDir,
+		AllowRoots: []string{snaps}, Env: []string{"CKPT_PLUGIN_DIR=" + dir, "CKPT_TEST_CRASH_FILE=" + crashFile}})
+
+	snap1 := filepath.Join(snaps, "snap-1")
+	writeFencingSnapshot(t, snap1, 1)
+	o := triggerAsync(socket, "orders-1", 1, snap1)
+	if o.err != nil || o.code != 1 || o.ev.Event != "failed" || o.ev.Error == nil || o.ev.Error.Code != "unavailable" ||
+		!strings.Contains(o.ev.Error.Message, "ckpt-plugin-faulty") || !strings.Contains(o.ev.Error.Message, "crashing on purpose") {
+		t.Fatalf("checkpoint through a crashing plugin: exit %d, %+v, %v\n%s", o.code, o.ev, o.err, o.stder)
+	}
+	if err := hello(socket); err != nil {
+		t.Fatalf("the agent after the plugin crashed: %v\n%s", err, a.stderr)
+	}
+	os.Remove(crashFile)
+	snap2 := filepath.Join(snaps, "snap-2")
+	writeFencingSnapshot(t, snap2, 2)
+	trigger(t, socket, "orders-1", 2, snap2)
+}
+
+// A storage plugin whose Put never returns, whatever its context says,
+// cannot hold a checkpoint past --checkpoint-timeout: the deadline crosses
+// the boundary, the checkpoint fails with unavailable, and the next one
+// completes through the same plugin once it answers again.
+func TestAHungPluginIsCutOffByTheCheckpointTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds a plugin and runs it")
+	}
+	dir := t.TempDir()
+	root, err := repoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the faulty plugin: %v\n%s", err, out)
+	}
+	hangFile := filepath.Join(t.TempDir(), "hang")
+	writeFile(t, hangFile, nil)
+	snaps, localDir := t.TempDir(), t.TempDir()
+	socket := filepath.Join(shortDir(t), "ckpt.sock")
+	startAgent(t, "A", agentConfig{Socket: socket, Storage: "faulty://" + t.TempDir(), Job: "orders", LocalDir: localDir,
+		AllowRoots: []string{snaps}, Env: []string{"CKPT_PLUGIN_DIR=" + dir, "CKPT_TEST_HANG_FILE=" + hangFile},
+		Extra: []string{"--checkpoint-timeout", "2s"}})
+
+	snap1 := filepath.Join(snaps, "snap-1")
+	writeFencingSnapshot(t, snap1, 1)
+	o := triggerAsync(socket, "orders-1", 1, snap1)
+	if o.err != nil || o.code != 1 || o.ev.Error == nil || o.ev.Error.Code != "unavailable" || !strings.Contains(o.ev.Error.Message, "timed out") {
+		t.Fatalf("checkpoint through a hung plugin: exit %d, %+v, %v\n%s", o.code, o.ev, o.err, o.stder)
+	}
+	os.Remove(hangFile)
+	snap2 := filepath.Join(snaps, "snap-2")
+	writeFencingSnapshot(t, snap2, 2)
+	trigger(t, socket, "orders-1", 2, snap2)
 }

@@ -124,17 +124,25 @@ func TestSavepointsOutliveTheirJobAcrossBackends(t *testing.T) {
 	if err := os.RemoveAll(storageDir); err != nil {
 		t.Fatal(err)
 	}
-	root2, local2 := t.TempDir(), t.TempDir()
-	store2 := filepath.Join(root2, "store")
 	var rr restoreResult
-	ckptJSONEnv(t, env, &rr, "restore", "--savepoint", sp1, "--target", store2, "--local-dir", local2, "--json")
+	ckptJSONEnv(t, env, &rr, "restore", "--savepoint", sp1, "--target", filepath.Join(t.TempDir(), "store"), "--json")
 	if !rr.Restored || rr.Checkpoint != 2 || rr.Task != task {
 		t.Fatalf("restore from the savepoint: %+v", rr)
 	}
-	verifyStore(t, store2, exp)
 
-	// Job 2, fresh, on S3: the restored store checkpoints on.
+	// Job 2, fresh, on S3, starts from the savepoint: the restored store
+	// checkpoints on, uploading only what changed.
 	const job2 = "orders-v2"
+	root2, local2 := t.TempDir(), t.TempDir()
+	store2 := filepath.Join(root2, "store")
+	ckptJSONEnv(t, env, &rr, "restore", "--savepoint", sp1, "--storage", s3b.url, "--job", job2, "--target", store2, "--local-dir", local2, "--json")
+	if !rr.Restored || rr.Checkpoint != 2 || rr.Task != task {
+		t.Fatalf("restore from the savepoint into job 2: %+v", rr)
+	}
+	verifyStore(t, store2, exp)
+	if r := runCkptEnv(t, env, "restore", "--savepoint", sp1, "--storage", s3b.url, "--job", job2, "--target", filepath.Join(t.TempDir(), "x")); r.Code != 1 || !strings.Contains(string(r.Stderr), "already holds checkpoint 2") {
+		t.Fatalf("seeding job 2 twice: exit %d, %s", r.Code, r.Stderr)
+	}
 	socket2 := filepath.Join(shortDir(t), "b.sock")
 	b := startAgent(t, "B", s3b.agentConfig(socket2, job2, local2, []string{root2}))
 	w2, err := workload.Resume(ctx, store2, workload.Options{Seed: 11, StateBytes: 8 << 20}, exp)
@@ -143,6 +151,11 @@ func TestSavepointsOutliveTheirJobAcrossBackends(t *testing.T) {
 	}
 	exp2 := checkpointWorkload(t, ctx, w2, store2, socket2, task, 3, 1)
 	w2.Close()
+	done := waitLogRecords(t, b, "checkpoint completed", 1)
+	t.Logf("job 2's first checkpoint after the savepoint: %v files uploaded, %v reused, %v B", done[0]["files_uploaded"], done[0]["files_reused"], done[0]["checkpoint_size"])
+	if done[0]["files_reused"] == float64(0) {
+		t.Fatalf("job 2's first checkpoint reused nothing of the savepoint: %v", done[0])
+	}
 	b.stop()
 
 	// From S3 to GCS, then job 2 goes entirely.

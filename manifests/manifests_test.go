@@ -8,9 +8,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -360,5 +362,63 @@ func TestLoadRetainedReportsAnUnreadableManifestAndLoadsTheRest(t *testing.T) {
 	}
 	if len(ms) != 2 || len(probs) != 1 || probs[0].Key != ManifestKey("job", "b", 2) || probs[0].Task != "b" || probs[0].Checkpoint != 2 {
 		t.Fatalf("loaded %d manifests, problems %+v; want 2 and the garbage one", len(ms), probs)
+	}
+}
+
+// countingStore counts Gets by key.
+type countingStore struct {
+	storage.Store
+	mu   sync.Mutex
+	gets map[string]int
+}
+
+func (c *countingStore) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	c.mu.Lock()
+	c.gets[key]++
+	c.mu.Unlock()
+	return c.Store.Get(ctx, key)
+}
+
+// VerifyAll reads an object shared by many checkpoints once, and reports
+// a bad one against every checkpoint that names it.
+func TestVerifyAllReadsEachObjectOnce(t *testing.T) {
+	ctx := context.Background()
+	fs, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{Store: fs, gets: map[string]int{}}
+	put := func(body string) File {
+		sum := sha256.Sum256([]byte(body))
+		f := File{Name: fmt.Sprintf("%06d.sst", len(body)), Kind: Shared, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
+		f.Key = SharedKey("j", f.SHA256, f.Size)
+		if err := fs.Put(ctx, f.Key, strings.NewReader(body), f.Size); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	shared, other := put("shared by every checkpoint"), put("only in the last")
+	var ms []*Manifest
+	for n := uint64(1); n <= 5; n++ {
+		m := &Manifest{Job: "j", Task: "t", Checkpoint: n, Files: []File{shared}}
+		if n == 5 {
+			m.Files = append(m.Files, other)
+		}
+		ms = append(ms, m)
+	}
+	probs, objects, n, err := VerifyAll(ctx, cs, ms, 4)
+	if err != nil || len(probs) != 0 || objects != 2 || n != shared.Size+other.Size {
+		t.Fatalf("VerifyAll: %v, %d objects, %d bytes, %v", probs, objects, n, err)
+	}
+	if cs.gets[shared.Key] != 1 {
+		t.Fatalf("the shared object was read %d times, want once", cs.gets[shared.Key])
+	}
+	bad := strings.Repeat("x", int(shared.Size))
+	if err := fs.Put(ctx, shared.Key, strings.NewReader(bad), shared.Size); err != nil {
+		t.Fatal(err)
+	}
+	probs, _, _, err = VerifyAll(ctx, cs, ms, 4)
+	if err != nil || len(probs) != 5 {
+		t.Fatalf("a damaged shared object: %d problems (%v), want one per checkpoint naming it", len(probs), err)
 	}
 }

@@ -32,38 +32,65 @@ func (p Problem) String() string {
 // against the manifest, with up to parallelism reads at once. It returns
 // the problems found; err is only for failures to run at all (ctx).
 func Verify(ctx context.Context, s storage.Store, m *Manifest, parallelism int) ([]Problem, int64, error) {
+	problems, _, n, err := VerifyAll(ctx, s, []*Manifest{m}, parallelism)
+	return problems, n, err
+}
+
+// VerifyAll reads every object the manifests reference once, however many
+// of them reference it (a shared object of an incremental job is named by
+// every retained checkpoint), and checks its size and SHA-256 against each
+// manifest that names it. A problem is reported for every manifest and
+// file that names a bad object. objects is the number of distinct objects
+// read, bytes what was read; err is only for failures to run at all.
+func VerifyAll(ctx context.Context, s storage.Store, ms []*Manifest, parallelism int) (problems []Problem, objects int, bytes int64, err error) {
+	type want struct {
+		key, sha string
+		size     int64
+	}
+	type ref struct {
+		m *Manifest
+		f File
+	}
+	refs := map[want][]ref{}
+	var order []want
+	for _, m := range ms {
+		for _, f := range m.Files {
+			if f.Key == "" {
+				continue // inline: checked with the manifest's own checksum
+			}
+			w := want{f.Key, f.SHA256, f.Size}
+			if refs[w] == nil {
+				order = append(order, w)
+			}
+			refs[w] = append(refs[w], ref{m, f})
+		}
+	}
 	if parallelism < 1 {
 		parallelism = 4
 	}
-	problems := make([]*Problem, len(m.Files))
-	read := make([]int64, len(m.Files))
+	msgs := make([]string, len(order))
+	read := make([]int64, len(order))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(parallelism)
-	for i, f := range m.Files {
-		if f.Key == "" {
-			continue // inline: checked with the manifest's own checksum
-		}
+	for i, w := range order {
 		g.Go(func() error {
-			n, msg := checkObject(gctx, s, f)
-			read[i] = n
-			if msg != "" {
-				problems[i] = &Problem{Task: m.Task, Checkpoint: m.Checkpoint, File: f.Name, Key: f.Key, Problem: msg}
-			}
+			read[i], msgs[i] = checkObject(gctx, s, refs[w][0].f)
 			return gctx.Err()
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
-	var out []Problem
-	var total int64
-	for i, p := range problems {
-		total += read[i]
-		if p != nil {
-			out = append(out, *p)
+	for i, w := range order {
+		bytes += read[i]
+		if msgs[i] == "" {
+			continue
+		}
+		for _, r := range refs[w] {
+			problems = append(problems, Problem{Task: r.m.Task, Checkpoint: r.m.Checkpoint, File: r.f.Name, Key: r.f.Key, Problem: msgs[i]})
 		}
 	}
-	return out, total, nil
+	return problems, len(order), bytes, nil
 }
 
 func checkObject(ctx context.Context, s storage.Store, f File) (int64, string) {

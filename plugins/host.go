@@ -129,6 +129,9 @@ func Discover(ctx context.Context, opts Options) (*Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plugin directory: %w", err)
 	}
+	if err := checkPinsPresent(dir, entries, opts.Checksums); err != nil {
+		return nil, err
+	}
 	h := &Host{opts: opts}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
@@ -155,6 +158,28 @@ func Discover(ctx context.Context, opts Options) (*Host, error) {
 	sort.Slice(h.refused, func(i, j int) bool { return h.refused[i].Path < h.refused[j].Path })
 	h.dropConflicts()
 	return h, nil
+}
+
+// checkPinsPresent fails when a pin names a plugin the directory does not
+// hold: the operator expects a plugin that is not there (a typo in the
+// name, or a binary not installed).
+func checkPinsPresent(dir string, entries []os.DirEntry, pins map[string]string) error {
+	have := map[string]bool{}
+	for _, e := range entries {
+		have[e.Name()] = true
+	}
+	var missing []string
+	for name := range pins {
+		if !have[Prefix+name] {
+			missing = append(missing, name)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	sort.Strings(missing)
+	return fmt.Errorf("a SHA-256 is pinned for plugin %s but %s holds no %s%s: install the plugin there, or remove the pin",
+		strings.Join(missing, ", "), dir, Prefix, missing[0])
 }
 
 // dropConflicts refuses a second plugin for a scheme or an engine.
@@ -216,7 +241,8 @@ func (h *Host) load(ctx context.Context, path string) (*Plugin, string) {
 			return nil, err.Error()
 		}
 		if !bytes.Equal(got, want) {
-			return nil, fmt.Sprintf("checksum mismatch: the binary's SHA-256 is %x, %x is pinned", got, want)
+			// Refused before it runs: nothing of this binary is executed.
+			return nil, mismatch(name, path, want, got)
 		}
 		p.checksum = want
 	} else if h.opts.RequireChecksums {
@@ -256,6 +282,12 @@ func (h *Host) load(ctx context.Context, path string) (*Plugin, string) {
 		return nil, fmt.Sprintf("unknown plugin kind %q", d.Kind)
 	}
 	return p, ""
+}
+
+// mismatch says that a pinned binary differs, and what to do.
+func mismatch(name, path string, want, got []byte) string {
+	return fmt.Sprintf("checksum mismatch: plugin %s is pinned to SHA-256 %x but the binary's is %x; "+
+		"if the plugin was upgraded on purpose, pin the new hash (sha256sum %s), else reinstall the pinned build", name, want, got, path)
 }
 
 func fileSHA256(path string) ([]byte, error) {
@@ -345,7 +377,8 @@ func (p *Plugin) startLocked() (*session, error) {
 		SyncStderr:       io.MultiWriter(p.stderr, lw),
 		Logger:           hclog.New(&hclog.LoggerOptions{Name: p.label(), Output: log, Level: hclog.Off}),
 		GRPCDialOptions: []grpc.DialOption{
-			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize)),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(wire.MaxMessageSize), grpc.MaxCallSendMsgSize(wire.MaxMessageSize),
+				grpc.ForceCodecV2(wire.Codec{})),
 			grpc.WithInitialWindowSize(wire.StreamWindow), grpc.WithInitialConnWindowSize(wire.ConnWindow),
 			grpc.WithReadBufferSize(wire.IOBuffer), grpc.WithWriteBufferSize(wire.IOBuffer),
 		},
@@ -372,7 +405,11 @@ func (p *Plugin) explainStart(err error) error {
 	last := p.stderr.lastLine()
 	switch {
 	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
-		return fmt.Errorf("checksum mismatch: the binary changed since it was pinned")
+		got, herr := fileSHA256(p.info.Path)
+		if herr != nil {
+			return fmt.Errorf("checksum mismatch: the binary changed since it was pinned, and cannot be read now: %v", herr)
+		}
+		return errors.New(mismatch(p.info.Name, p.info.Path, p.checksum, got))
 	case strings.Contains(msg, "incompatible API version"):
 		return fmt.Errorf("wrong plugin protocol version (%s); this ckpt speaks protocol %d: rebuild the plugin with this ckpt's plugins/sdk", firstLine(msg), ProtocolVersion)
 	case strings.Contains(msg, "incompatible core API version"):

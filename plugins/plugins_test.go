@@ -51,6 +51,7 @@ func built(t testing.TB) string {
 			{"build", "-o", buildDir + "/", "./plugins/...", "./examples/ckpt-plugin-memstore"},
 			{"build", "-o", filepath.Join(buildDir, "ckpt-plugin-faulty"), "./plugins/testdata/ckpt-plugin-faulty"},
 			{"build", "-o", filepath.Join(buildDir, "ckpt-plugin-badhandshake"), "./plugins/testdata/ckpt-plugin-badhandshake"},
+			{"build", "-o", filepath.Join(buildDir, "ckpt-plugin-liar"), "./plugins/testdata/ckpt-plugin-liar"},
 		} {
 			cmd := exec.Command("go", args...)
 			cmd.Dir = root
@@ -77,7 +78,7 @@ func TestMain(m *testing.M) {
 // install makes a plugin directory in t.TempDir() holding the named
 // binaries: "memstore" installs ckpt-plugin-memstore; "faulty=v2"
 // installs ckpt-plugin-faulty as ckpt-plugin-v2.
-func install(t *testing.T, names ...string) string {
+func install(t testing.TB, names ...string) string {
 	t.Helper()
 	src := built(t)
 	dir := t.TempDir()

@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"net/url"
+	"strings"
 	"sync"
 	"time"
 
@@ -19,8 +20,6 @@ import (
 
 // deleteBatch bounds the keys of one Delete call.
 const deleteBatch = 1000
-
-var chunkPool = sync.Pool{New: func() any { b := make([]byte, wire.ChunkSize); return &b }}
 
 // OpenStorage opens a storage URL with the plugin that serves its scheme.
 func (h *Host) OpenStorage(ctx context.Context, rawURL string) (storage.Store, error) {
@@ -173,21 +172,20 @@ func (s *Store) put(ctx context.Context, op, key string, body io.Reader, size in
 	// A failed send means the stream ended: its status comes from
 	// CloseAndRecv.
 	sendErr := stream.Send(&pluginpb.PutRequest{Msg: &pluginpb.PutRequest_Header{Header: &pluginpb.PutHeader{Handle: h, Key: key, Size: size, Create: create}}})
-	bp := chunkPool.Get().(*[]byte)
-	defer chunkPool.Put(bp)
-	buf := *bp
 	crc := crc32.New(wire.Castagnoli)
 	var n int64
 	for sendErr == nil && n < size {
-		want := int64(len(buf))
-		if size-n < want {
-			want = size - n
-		}
-		m, rerr := io.ReadFull(body, buf[:want])
+		// Each chunk has its own pooled buffer: gRPC sends it as it is and
+		// returns it to the pool once written (see wire.Codec).
+		bp := wire.ChunkPool.Get(int(min(size-n, wire.ChunkSize)))
+		m, rerr := io.ReadFull(body, *bp)
 		n += int64(m)
 		if m > 0 {
-			crc.Write(buf[:m])
-			sendErr = stream.Send(&pluginpb.PutRequest{Msg: &pluginpb.PutRequest_Chunk{Chunk: buf[:m]}})
+			crc.Write((*bp)[:m])
+			*bp = (*bp)[:m]
+			sendErr = stream.SendMsg(&wire.OutChunk{Field: wire.PutChunkField, Buf: bp})
+		} else {
+			wire.ChunkPool.Put(bp)
 		}
 		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
 			cancel()
@@ -236,15 +234,17 @@ func (s *Store) GetRange(ctx context.Context, key string, offset, length int64) 
 	}
 	// The first message tells a missing key from an object: receive it
 	// here, so that Get itself returns ErrNotFound.
-	first, err := stream.Recv()
-	if err != nil {
+	r := &getReader{s: s, ctx: ctx, sess: sess, what: what, stream: stream, cancel: cancel, crc: crc32.New(wire.Castagnoli),
+		in: wire.InChunk{Field: wire.GetChunkField, Msg: &pluginpb.GetResponse{}}}
+	if err := stream.RecvMsg(&r.in); err != nil {
 		cancel()
 		if errors.Is(err, io.EOF) {
 			return nil, fmt.Errorf("%s: the plugin %s ended the stream without a trailer", what, s.p.label())
 		}
 		return nil, s.p.fail(ctx, sess, what, err)
 	}
-	return &getReader{s: s, ctx: ctx, sess: sess, what: what, stream: stream, cancel: cancel, pending: first, crc: crc32.New(wire.Castagnoli)}, nil
+	r.pending = true
+	return r, nil
 }
 
 type getReader struct {
@@ -254,8 +254,9 @@ type getReader struct {
 	what    string
 	stream  pluginpb.Storage_GetClient
 	cancel  context.CancelFunc
-	pending *pluginpb.GetResponse
-	chunk   []byte
+	in      wire.InChunk // the last message received
+	pending bool         // in is not consumed yet
+	chunk   []byte       // the unread part of in.Data
 	crc     interface {
 		io.Writer
 		Sum32() uint32
@@ -269,11 +270,8 @@ func (r *getReader) Read(p []byte) (int, error) {
 		if r.err != nil {
 			return 0, r.err
 		}
-		m := r.pending
-		r.pending = nil
-		if m == nil {
-			var err error
-			m, err = r.stream.Recv()
+		if !r.pending {
+			err := r.stream.RecvMsg(&r.in)
 			if errors.Is(err, io.EOF) {
 				r.err = fmt.Errorf("%s: the stream from plugin %s ended after %d bytes without a trailer: %w", r.what, r.s.p.label(), r.n, io.ErrUnexpectedEOF)
 				continue
@@ -283,19 +281,25 @@ func (r *getReader) Read(p []byte) (int, error) {
 				continue
 			}
 		}
-		if t := m.GetTrailer(); t != nil {
-			switch {
-			case t.Size != r.n:
-				r.err = fmt.Errorf("%s: received %d bytes, plugin %s sent %d", r.what, r.n, r.s.p.label(), t.Size)
-			case t.Crc32C != r.crc.Sum32():
-				r.err = fmt.Errorf("%s: CRC-32C of the %d bytes received is %08x, plugin %s sent %08x", r.what, r.n, r.crc.Sum32(), r.s.p.label(), t.Crc32C)
-			default:
-				r.err = io.EOF
+		r.pending = false
+		if r.in.Data == nil {
+			m := r.in.Msg.(*pluginpb.GetResponse)
+			if t := m.GetTrailer(); t != nil {
+				switch {
+				case t.Size != r.n:
+					r.err = fmt.Errorf("%s: received %d bytes, plugin %s sent %d", r.what, r.n, r.s.p.label(), t.Size)
+				case t.Crc32C != r.crc.Sum32():
+					r.err = fmt.Errorf("%s: CRC-32C of the %d bytes received is %08x, plugin %s sent %08x", r.what, r.n, r.crc.Sum32(), r.s.p.label(), t.Crc32C)
+				default:
+					r.err = io.EOF
+				}
+				r.cancel()
+				continue
 			}
-			r.cancel()
-			continue
+			r.chunk = m.GetChunk()
+		} else {
+			r.chunk = r.in.Data
 		}
-		r.chunk = m.GetChunk()
 		r.crc.Write(r.chunk)
 		r.n += int64(len(r.chunk))
 	}
@@ -306,6 +310,8 @@ func (r *getReader) Read(p []byte) (int, error) {
 
 func (r *getReader) Close() error {
 	r.cancel()
+	r.chunk = nil
+	r.in.Free()
 	return nil
 }
 
@@ -321,6 +327,9 @@ func (s *Store) Stat(ctx context.Context, key string) (storage.ObjectInfo, error
 	o, err := c.Stat(ctx, &pluginpb.StatRequest{Handle: h, Key: key})
 	if err != nil {
 		return storage.ObjectInfo{}, s.p.fail(ctx, sess, "stat "+key, err)
+	}
+	if o.Key != key || o.Size < 0 {
+		return storage.ObjectInfo{}, fmt.Errorf("stat %s: plugin %s answered for key %q with size %d: a broken plugin, report it to its author", key, s.p.label(), o.Key, o.Size)
 	}
 	return objectInfo(o), nil
 }
@@ -343,6 +352,7 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 	if err != nil {
 		return s.p.fail(ctx, sess, what, err)
 	}
+	last, first := "", true
 	for {
 		page, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -352,6 +362,23 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 			return s.p.fail(ctx, sess, what, err)
 		}
 		for _, o := range page.Objects {
+			// A listing decides what GC deletes and what a checkpoint
+			// reuses: a malformed one fails the call, it is not passed on.
+			var bad string
+			switch {
+			case storage.ValidKey(o.Key) != nil:
+				bad = storage.ValidKey(o.Key).Error()
+			case !strings.HasPrefix(o.Key, prefix):
+				bad = "it is not under the prefix"
+			case o.Size < 0:
+				bad = fmt.Sprintf("negative size %d", o.Size)
+			case !first && o.Key <= last:
+				bad = fmt.Sprintf("out of order after %q (keys come in strictly increasing order)", last)
+			}
+			if bad != "" {
+				return fmt.Errorf("%s: plugin %s listed key %q: %s: a broken plugin, report it to its author", what, s.p.label(), o.Key, bad)
+			}
+			last, first = o.Key, false
 			if err := fn(objectInfo(o)); err != nil {
 				return err
 			}

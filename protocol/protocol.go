@@ -101,6 +101,11 @@ type Request struct {
 	// JobConsistent (restore) restores the newest job-complete checkpoint
 	// of the task instead of its newest complete one.
 	JobConsistent bool `json:"job_consistent,omitempty"`
+	// Job (checkpoint, abort, status, restore), when given, names the job
+	// the request is for. An agent in node-agent mode serves several jobs
+	// and picks the peer's tenant's job when it is empty; a job other than
+	// the one the peer may use is refused as forbidden, by either mode.
+	Job string `json:"job,omitempty"`
 	// TimeoutMS (checkpoint), when positive, bounds the checkpoint's async
 	// phase in milliseconds; it may lower the agent's --checkpoint-timeout,
 	// never raise it.
@@ -160,6 +165,11 @@ func DecodeRequest(line []byte) (Request, *Error) {
 			return Errorf(CodeBadRequest, "checkpoint %d is too large", r.Checkpoint)
 		}
 		return nil
+	}
+	if r.Job != "" && r.Op != "hello" {
+		if err := names.Valid("job", r.Job); err != nil {
+			return r, Errorf(CodeBadRequest, "%v", err)
+		}
 	}
 	switch r.Op {
 	case "hello":

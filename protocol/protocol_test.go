@@ -16,6 +16,9 @@ func TestDecodeRequestAcceptsTheContract(t *testing.T) {
 		`{"op":"checkpoint","task":"orders-3","checkpoint":42,"dir":"/data/x","engine":"pebble","id":"a1"}`,
 		`{"op":"abort","task":"t","checkpoint":1,"id":3}`,
 		`{"op":"restore","task":"t","target":"/data/t"}`,
+		`{"op":"restore","task":"t","target":"/data/t","job":"orders"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","job":"orders.v2"}`,
+		`{"op":"status","job":"orders"}`,
 		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","traceparent":"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01","future_field":true}`,
 	} {
 		if _, err := DecodeRequest([]byte(line)); err != nil {
@@ -39,6 +42,9 @@ func TestDecodeRequestRefusesWithBadRequest(t *testing.T) {
 		`{"op":"abort","task":"t"}`,
 		`{"op":"restore","task":"t","target":"rel"}`,
 		`{"op":"checkpoint","task":"t","checkpoint":"1","dir":"/d"}`,
+		`{"op":"checkpoint","task":"t","checkpoint":1,"dir":"/d","job":"../other"}`,
+		`{"op":"restore","task":"t","target":"/d","job":"a/b"}`,
+		`{"op":"status","job":"-x"}`,
 	} {
 		if _, err := DecodeRequest([]byte(line)); err == nil || err.Code != CodeBadRequest || err.Message == "" {
 			t.Errorf("%.80s: got %v, want a bad_request", line, err)

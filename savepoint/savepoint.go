@@ -252,11 +252,21 @@ type Result struct {
 	DurationMS       int64 `json:"duration_ms"`
 }
 
-// object is one object a savepoint copies.
+// object is one object a savepoint copies: key in the source, to (when
+// not empty) its key in the target.
 type object struct {
 	key    string
 	size   int64
 	sha256 string
+	to     string
+}
+
+// dst is the object's key in the target.
+func (ob object) dst() string {
+	if ob.to != "" {
+		return ob.to
+	}
+	return ob.key
 }
 
 // Create writes a savepoint of a checkpoint of the job in o.Source to
@@ -476,14 +486,14 @@ feed:
 // copyOne makes the target hold ob, verified: kept if already there and
 // whole, else copied server-side when the target can, else streamed.
 func (c *copier) copyOne(ctx context.Context, ob object) error {
-	if info, err := c.o.Target.Stat(ctx, ob.key); err == nil && info.Size == ob.size {
+	if info, err := c.o.Target.Stat(ctx, ob.dst()); err == nil && info.Size == ob.size {
 		if verify(ctx, c.o.Target, ob) == nil {
 			c.reused.Add(1)
 			return nil
 		}
 	}
 	if cp, ok := storage.AsCopier(c.o.Target); ok {
-		copied, err := cp.CopyFrom(ctx, c.o.Source, ob.key, ob.key, ob.size)
+		copied, err := cp.CopyFrom(ctx, c.o.Source, ob.key, ob.dst(), ob.size)
 		if err == nil && copied {
 			if err := verify(ctx, c.o.Target, ob); err != nil {
 				return fmt.Errorf("savepoint: server-side copy of %s: %w", ob.key, err)
@@ -525,18 +535,19 @@ func (c *copier) stream(ctx context.Context, ob object) error {
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return err
 	}
-	if err := c.o.Target.Put(ctx, ob.key, tmp, ob.size); err != nil {
-		return fmt.Errorf("savepoint: write %s to %s: %w", ob.key, c.o.Target, err)
+	if err := c.o.Target.Put(ctx, ob.dst(), tmp, ob.size); err != nil {
+		return fmt.Errorf("savepoint: write %s to %s: %w", ob.dst(), c.o.Target, err)
 	}
 	if err := verify(ctx, c.o.Target, ob); err != nil {
-		return fmt.Errorf("savepoint: %s after writing it: %w", ob.key, err)
+		return fmt.Errorf("savepoint: %s after writing it: %w", ob.dst(), err)
 	}
 	return nil
 }
 
-// verify reads ob back from s and checks its size and SHA-256.
+// verify reads ob back from s (the target) and checks its size and
+// SHA-256.
 func verify(ctx context.Context, s storage.Store, ob object) error {
-	r, err := s.Get(ctx, ob.key)
+	r, err := s.Get(ctx, ob.dst())
 	if err != nil {
 		return err
 	}
@@ -546,7 +557,7 @@ func verify(ctx context.Context, s storage.Store, ob object) error {
 		return err
 	}
 	if n != ob.size || sum != ob.sha256 {
-		return fmt.Errorf("%s in %s holds %d bytes with SHA-256 %.12s…, want %d bytes with %.12s…", ob.key, s, n, sum, ob.size, ob.sha256)
+		return fmt.Errorf("%s in %s holds %d bytes with SHA-256 %.12s…, want %d bytes with %.12s…", ob.dst(), s, n, sum, ob.size, ob.sha256)
 	}
 	return nil
 }
@@ -626,4 +637,97 @@ func readAll(ctx context.Context, s storage.Store, key string, limit int64) ([]b
 		return nil, fmt.Errorf("%s: larger than %d bytes", key, limit)
 	}
 	return b, nil
+}
+
+// SeedOptions says which task of a savepoint starts which job.
+type SeedOptions struct {
+	// Savepoint is the savepoint's storage, Task the task to seed ("" for
+	// the only one).
+	Savepoint storage.Store
+	Task      string
+	// Target is the new job's storage and Job its name. The job must hold
+	// no checkpoint of the task yet.
+	Target      storage.Store
+	Job         string
+	Concurrency int
+	TempDir     string
+}
+
+// Seed starts a job from a savepoint: it copies the task's objects into
+// the job's storage (server-side where the backend can), verified, and
+// commits the savepoint's checkpoint as the task's checkpoint of the same
+// number in that job, last. A restore of the task from the job then
+// records its local copy there, and the job's next checkpoint uploads only
+// what changed since, as after any restore. The savepoint is only read,
+// and the job's retention and GC never reach it.
+func Seed(ctx context.Context, o SeedOptions) (*manifests.Manifest, error) {
+	if err := manifests.ValidName("job", o.Job); err != nil {
+		return nil, err
+	}
+	if err := CheckApart(o.Savepoint.String(), o.Target.String()); err != nil {
+		return nil, err
+	}
+	rec, err := Read(ctx, o.Savepoint)
+	if err != nil {
+		return nil, err
+	}
+	e, err := rec.Entry(o.Task)
+	if err != nil {
+		return nil, err
+	}
+	cat, err := manifests.Scan(ctx, o.Target, o.Job, e.Task)
+	if err != nil {
+		return nil, err
+	}
+	if refs := cat.Retained(e.Task); len(refs) > 0 {
+		return nil, fmt.Errorf("job %s in %s already holds checkpoint %d of task %s: a savepoint seeds only a job that has none of the task; restore without --job and --storage, or name a new job",
+			o.Job, o.Target, refs[len(refs)-1].Checkpoint, e.Task)
+	}
+	b, err := readAll(ctx, o.Savepoint, e.Manifest, manifests.MaxManifestBytes)
+	if err != nil {
+		return nil, err
+	}
+	m, err := manifests.Decode(b)
+	if err != nil {
+		return nil, err
+	}
+	seeded := *m
+	seeded.Job, seeded.Epoch, seeded.Node, seeded.AgentID, seeded.Parent = o.Job, 0, "", "", 0
+	seeded.Created = time.Now().UTC()
+	seeded.Files = make([]manifests.File, len(m.Files))
+	seeded.FilesUploaded, seeded.FilesReused = 0, 0
+	var objs []object
+	var written int64
+	for i, f := range m.Files {
+		g := f
+		switch {
+		case f.Key == "":
+		case f.Kind == manifests.Shared:
+			g.Key = manifests.SharedKey(o.Job, f.SHA256, f.Size)
+		default:
+			g.Key = manifests.PrivateKey(o.Job, e.Task, m.Checkpoint, f.Name)
+		}
+		g.Uploaded = true
+		if g.Key != "" {
+			objs = append(objs, object{key: f.Key, size: f.Size, sha256: f.SHA256, to: g.Key})
+			written += f.Size
+		}
+		seeded.Files[i] = g
+		seeded.FilesUploaded++
+	}
+	if o.Concurrency < 1 {
+		o.Concurrency = 8
+	}
+	c := &copier{o: Options{Source: o.Savepoint, Target: o.Target, Concurrency: o.Concurrency, TempDir: o.TempDir}}
+	if err := c.copyAll(ctx, objs); err != nil {
+		return nil, err
+	}
+	enc, err := seeded.Encode(written)
+	if err != nil {
+		return nil, err
+	}
+	if err := manifests.Commit(ctx, o.Target, &seeded, enc); err != nil {
+		return nil, fmt.Errorf("seed job %s: %w", o.Job, err)
+	}
+	return &seeded, nil
 }

@@ -8,6 +8,7 @@
 # failpoint build of the packages the disk-fault suite covers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/deps.sh
 go test -count=1 -timeout 15m ./...
 go test -count=1 -race -timeout 10m ./agent/ ./uploader/ ./manifests/
 # The RocksDB engine plugin links librocksdb-dev through cgo, so it and its

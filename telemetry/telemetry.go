@@ -125,6 +125,25 @@ type Telemetry struct {
 	tp       *sdktrace.TracerProvider
 	Registry *prometheus.Registry
 
+	// instruments are shared by the Telemetry of every job (ForJob).
+	*instruments
+	// child is set on a ForJob Telemetry: its providers are its parent's.
+	child bool
+	// children are the ForJob Telemetries of t, whose tasks t's View shows
+	// too (guarded by mu).
+	children []*Telemetry
+
+	mu     sync.Mutex
+	tasks  map[string]*TaskView
+	retB   int64
+	gcDel  int64
+	jobAtt attribute.KeyValue
+
+	jobView jobState // the status page's job view (its own lock)
+}
+
+// instruments are the metric instruments, created once per provider.
+type instruments struct {
 	lastSize, lastFull, lastID                metric.Int64Gauge
 	lastSync, lastAsync, lastTotal            metric.Float64Gauge
 	histSync, histAsync, histTotal            metric.Float64Histogram
@@ -143,14 +162,6 @@ type Telemetry struct {
 	standbyHeld                               metric.Int64Gauge
 	standbyBytes                              metric.Int64Counter
 	requests                                  metric.Int64Counter
-
-	mu     sync.Mutex
-	tasks  map[string]*TaskView
-	retB   int64
-	gcDel  int64
-	jobAtt attribute.KeyValue
-
-	jobView jobState // the status page's job view (its own lock)
 }
 
 // Options names what the telemetry describes.
@@ -206,8 +217,8 @@ func New(ctx context.Context, o Options) (*Telemetry, error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 
 	t := &Telemetry{job: o.Job, storage: o.Storage, version: o.Version, mp: mp, tp: tp, Registry: reg,
-		tasks: map[string]*TaskView{}, jobAtt: attribute.String("job", o.Job)}
-	if err := t.instruments(mp.Meter("ckpt")); err != nil {
+		tasks: map[string]*TaskView{}, jobAtt: attribute.String("job", o.Job), instruments: &instruments{}}
+	if err := t.instruments.create(mp.Meter("ckpt")); err != nil {
 		return nil, err
 	}
 	return t, nil
@@ -228,7 +239,7 @@ func tracesWanted() bool {
 // durationBuckets suit checkpoint phases: from a millisecond to an hour.
 var durationBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600}
 
-func (t *Telemetry) instruments(m metric.Meter) error {
+func (t *instruments) create(m metric.Meter) error {
 	var errs []error
 	ig := func(name, unit, desc string) metric.Int64Gauge {
 		g, err := m.Int64Gauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
@@ -285,12 +296,32 @@ func (t *Telemetry) instruments(m metric.Meter) error {
 	return errors.Join(errs...)
 }
 
+// ForJob returns a Telemetry for another job (node-agent mode serves
+// several): it records into t's instruments and providers, with job as
+// the job attribute of every measurement, and keeps its own task views
+// for its View. Its Shutdown stops only its own job view; t's stops the
+// providers. A nil t gives nil.
+func (t *Telemetry) ForJob(job, storage string) *Telemetry {
+	if t == nil {
+		return nil
+	}
+	c := &Telemetry{job: job, storage: storage, version: t.version, mp: t.mp, tp: t.tp, Registry: t.Registry,
+		instruments: t.instruments, child: true, tasks: map[string]*TaskView{}, jobAtt: attribute.String("job", job)}
+	t.mu.Lock()
+	t.children = append(t.children, c)
+	t.mu.Unlock()
+	return c
+}
+
 // Shutdown flushes and stops the providers.
 func (t *Telemetry) Shutdown(ctx context.Context) error {
 	if t == nil {
 		return nil
 	}
 	t.jobView.wait(ctx)
+	if t.child {
+		return nil
+	}
 	return errors.Join(t.tp.Shutdown(ctx), t.mp.Shutdown(ctx))
 }
 
@@ -489,6 +520,17 @@ func (t *Telemetry) View() View {
 			c.LastDrill = &d
 		}
 		v.Tasks = append(v.Tasks, c)
+	}
+	// A node agent's page shows every job's tasks, named job/task.
+	for _, c := range t.children {
+		cv := c.View()
+		v.RetainedBytes += cv.RetainedBytes
+		v.LogicalBytes += cv.LogicalBytes
+		v.GCDeleted += cv.GCDeleted
+		for _, tv := range cv.Tasks {
+			tv.Task = c.job + "/" + tv.Task
+			v.Tasks = append(v.Tasks, tv)
+		}
 	}
 	sort.Slice(v.Tasks, func(i, j int) bool { return v.Tasks[i].Task < v.Tasks[j].Task })
 	v.JobStatus = t.jobView.view()

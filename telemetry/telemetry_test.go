@@ -160,3 +160,33 @@ func TestRequestsAreCountedByOpAndOutcome(t *testing.T) {
 		t.Log(body)
 	}
 }
+
+func TestForJobLabelsEveryTaskMetricWithItsJob(t *testing.T) {
+	tel, err := New(context.Background(), Options{Version: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tel.Shutdown(context.Background())
+	ctx := context.Background()
+	orders, billing := tel.ForJob("orders", "file:///a"), tel.ForJob("billing", "file:///b")
+	for _, j := range []*Telemetry{orders, billing} {
+		j.CheckpointStarted(ctx, "t-0")
+		j.CheckpointEnded(ctx, CheckpointRecord{Task: "t-0", Checkpoint: 3, Status: "completed", CheckpointSize: 10, FullSize: 20})
+	}
+	billing.Shutdown(ctx) // a job's telemetry stops nothing shared
+	_, body := get(t, tel.Handler(ServerOptions{}), "/metrics")
+	for _, want := range []string{
+		`ckpt_checkpoint_last_id{job="orders",task="t-0"} 3`,
+		`ckpt_checkpoint_last_id{job="billing",task="t-0"} 3`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	if v := orders.View(); v.Job != "orders" || len(v.Tasks) != 1 {
+		t.Errorf("orders view %+v", v)
+	}
+	if v := tel.View(); len(v.Tasks) != 2 || v.Tasks[0].Task != "billing/t-0" || v.Tasks[1].Task != "orders/t-0" || v.LogicalBytes != 40 {
+		t.Errorf("the node's view of its jobs' tasks: %+v", v)
+	}
+}

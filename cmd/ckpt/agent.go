@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -52,161 +52,253 @@ func (l *idList) Set(v string) error {
 	return nil
 }
 
-func runAgent(ctx context.Context, args []string) error {
+// agentOptions are the settings of `ckpt agent`, filled by parseAgentFlags.
+type agentOptions struct {
+	socket, store, job, node, localDir string
+	roots                              stringList
+	uids, gids                         idList
+	maxConns                           int
+	idleTimeout                        time.Duration
+	retain                             int
+	grace, reuseMaxAge, gcInterval     time.Duration
+	scrubRate                          int64
+	conc, maxConc, maxQueued           int
+	shutdown, patience, ckptTimeout    time.Duration
+	uploadRate                         int64
+	metricsAddr                        string
+	pprof                              bool
+	drillEvery                         time.Duration
+	drillRate                          int64
+	scratch                            string
+	standbyFor                         stringList
+	standbyEvery                       time.Duration
+	standbyRate                        int64
+	followed                           []string // standbyFor, split and checked
+	createStorage                      bool
+	logLevel                           string
+	config                             string
+	tenants                            string
+}
+
+// defineAgentFlags defines every flag of `ckpt agent` on fs, one line each,
+// and returns the options they fill. Each flag may also come from the
+// environment as CKPT_<FLAG> and from --config (see parseAgentFlags).
+func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
+	o := &agentOptions{}
+	fs.StringVar(&o.socket, "socket", "", "Unix socket to serve the protocol on (created with mode 0660)")
+	fs.StringVar(&o.store, "storage", "", "storage URL: file:///dir, s3://bucket/prefix or gs://bucket/prefix")
+	fs.StringVar(&o.job, "job", "", "job name: the namespace of this deployment in storage")
+	fs.StringVar(&o.node, "node", "", "node name recorded when this agent takes a task's ownership and named when it fences another (default: the hostname)")
+	fs.StringVar(&o.localDir, "local-dir", "", "task-local store; put it on the app's filesystem so snapshots are hard-linked")
+	fs.Var(&o.roots, "allow-root", "absolute directory that checkpoint dirs and restore targets must resolve inside (repeatable; at least one is required; / allows any, explicitly)")
+	fs.Var(&o.uids, "allow-uid", "only peers (SO_PEERCRED) with this user id, or a group of --allow-gid, may connect (repeatable; none of either: anyone who can open the socket)")
+	fs.Var(&o.gids, "allow-gid", "only peers with this group id, or a user of --allow-uid, may connect (repeatable)")
+	fs.IntVar(&o.maxConns, "max-connections", 256, "open client connections at once; beyond it new ones are refused as unavailable")
+	fs.DurationVar(&o.idleTimeout, "idle-timeout", 10*time.Minute, "close a connection that sent nothing and awaits no reply for this long (0: never)")
+	fs.IntVar(&o.retain, "retain", 2, "complete checkpoints kept per task (at least 1)")
+	fs.DurationVar(&o.grace, "gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it (at least "+manifests.MinGCGrace.String()+")")
+	fs.DurationVar(&o.reuseMaxAge, "reuse-check-max-age", 0, "before a commit, every reused object must have been seen in storage with its size (listing or stat) at most this long ago (0: 5m, at most --gc-grace/4; at most --gc-grace/2)")
+	fs.Int64Var(&o.scrubRate, "scrub-rate", 0, "background scrub: re-read and re-hash the job's live objects at up to this many bytes/s, healing damaged ones from local copies (0: off)")
+	fs.DurationVar(&o.gcInterval, "gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
+	fs.IntVar(&o.conc, "upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
+	fs.IntVar(&o.maxConc, "max-concurrent", 1, "checkpoints per task in their async phase at once")
+	fs.IntVar(&o.maxQueued, "max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
+	fs.DurationVar(&o.shutdown, "shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
+	fs.DurationVar(&o.ckptTimeout, "checkpoint-timeout", 10*time.Minute, "bound on a checkpoint's async phase: past it the checkpoint fails with unavailable and the next one starts (0: none; a request's timeout_ms may lower it)")
+	fs.DurationVar(&o.patience, "commit-patience", 2*time.Minute, "how long a manifest commit retries storage errors once every object is uploaded")
+	fs.Int64Var(&o.uploadRate, "upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
+	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof/ on the metrics address")
+	fs.DurationVar(&o.drillEvery, "drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
+	fs.Int64Var(&o.drillRate, "drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
+	fs.StringVar(&o.scratch, "drill-dir", "", "scratch directory for drills (default: the system temp dir)")
+	fs.Var(&o.standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
+	fs.DurationVar(&o.standbyEvery, "standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
+	fs.Int64Var(&o.standbyRate, "standby-rate", 0, "bandwidth limit for standby downloads in bytes/s (0: unlimited)")
+	fs.BoolVar(&o.createStorage, "create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&o.config, "config", "", "YAML or JSON file of flag values, keyed by flag name (the command line and CKPT_<FLAG> variables win)")
+	fs.StringVar(&o.tenants, "tenants", "", "node-agent mode: YAML or JSON file of tenants, each matched by peer uid/gid (and cgroup) to its job, storage, allow_roots and tasks pattern; replaces --storage, --job, --allow-root, --allow-uid, --allow-gid (see deploy/node-agent)")
+	return o
+}
+
+// agentFlagSet is the agent's flag set with its usage text.
+func agentFlagSet() (*flag.FlagSet, *agentOptions) {
 	fs := newFlags("agent", "--socket PATH --storage URL --job NAME --local-dir DIR [flags]",
-		"ckpt agent --socket /run/ckpt/ckpt.sock --storage s3://bucket/ckpt --job orders --local-dir /data/ckpt-local --allow-root /data")
-	socket := fs.String("socket", "", "Unix socket to serve the protocol on (created with mode 0660)")
-	store := fs.String("storage", "", "storage URL: file:///dir, s3://bucket/prefix or gs://bucket/prefix")
-	job := fs.String("job", "", "job name: the namespace of this deployment in storage")
-	node := fs.String("node", "", "node name recorded when this agent takes a task's ownership and named when it fences another (default: the hostname)")
-	localDir := fs.String("local-dir", "", "task-local store; put it on the app's filesystem so snapshots are hard-linked")
-	var roots stringList
-	fs.Var(&roots, "allow-root", "absolute directory that checkpoint dirs and restore targets must resolve inside (repeatable; at least one is required; / allows any, explicitly)")
-	var uids, gids idList
-	fs.Var(&uids, "allow-uid", "only peers (SO_PEERCRED) with this user id, or a group of --allow-gid, may connect (repeatable; none of either: anyone who can open the socket)")
-	fs.Var(&gids, "allow-gid", "only peers with this group id, or a user of --allow-uid, may connect (repeatable)")
-	maxConns := fs.Int("max-connections", 256, "open client connections at once; beyond it new ones are refused as unavailable")
-	idleTimeout := fs.Duration("idle-timeout", 10*time.Minute, "close a connection that sent nothing and awaits no reply for this long (0: never)")
-	retain := fs.Int("retain", 2, "complete checkpoints kept per task (at least 1)")
-	grace := fs.Duration("gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it (at least "+manifests.MinGCGrace.String()+")")
-	reuseMaxAge := fs.Duration("reuse-check-max-age", 0, "before a commit, every reused object must have been seen in storage with its size (listing or stat) at most this long ago (0: 5m, at most --gc-grace/4; at most --gc-grace/2)")
-	scrubRate := fs.Int64("scrub-rate", 0, "background scrub: re-read and re-hash the job's live objects at up to this many bytes/s, healing damaged ones from local copies (0: off)")
-	gcInterval := fs.Duration("gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
-	conc := fs.Int("upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
-	maxConc := fs.Int("max-concurrent", 1, "checkpoints per task in their async phase at once")
-	maxQueued := fs.Int("max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
-	shutdown := fs.Duration("shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
-	ckptTimeout := fs.Duration("checkpoint-timeout", 10*time.Minute, "bound on a checkpoint's async phase: past it the checkpoint fails with unavailable and the next one starts (0: none; a request's timeout_ms may lower it)")
-	patience := fs.Duration("commit-patience", 2*time.Minute, "how long a manifest commit retries storage errors once every object is uploaded")
-	uploadRate := fs.Int64("upload-rate", 0, "bandwidth limit for uploads in bytes/s, shared by all transfers of the agent (0: unlimited)")
-	metricsAddr := fs.String("metrics-addr", "", "serve /metrics, /healthz, /readyz and the status page / on this HOST:PORT")
-	pprofOn := fs.Bool("pprof", false, "also serve /debug/pprof/ on the metrics address")
-	drillEvery := fs.Duration("drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
-	drillRate := fs.Int64("drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
-	scratch := fs.String("drill-dir", "", "scratch directory for drills (default: the system temp dir)")
-	var standbyFor stringList
-	fs.Var(&standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
-	standbyEvery := fs.Duration("standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
-	standbyRate := fs.Int64("standby-rate", 0, "bandwidth limit for standby downloads in bytes/s (0: unlimited)")
-	createStorage := fs.Bool("create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	config := fs.String("config", "", "JSON file of flag values, keyed by flag name (flags given on the command line win)")
-	if err := parseFlags(fs, args); err != nil {
-		return err
+		"ckpt agent --socket /run/ckpt/ckpt.sock --storage s3://bucket/ckpt --job orders --local-dir /data/ckpt-local --allow-root /data\n"+
+			"  CKPT_STORAGE=gs://bucket/ckpt CKPT_ALLOW_ROOT=/data,/cache ckpt agent --config /etc/ckpt/agent.yaml")
+	o := defineAgentFlags(fs)
+	usage := fs.Usage
+	fs.Usage = func() {
+		usage()
+		fmt.Fprintln(fs.Output(), "\nEvery flag may also come from the environment as CKPT_<FLAG> (upper case, - as _;\n"+
+			"repeatable flags comma-separated) and from --config. The command line wins over the\n"+
+			"environment, the environment over --config.")
 	}
-	if *config != "" {
-		if err := applyConfig(fs, *config); err != nil {
-			return usageError{err}
+	return fs, o
+}
+
+// parseAgentFlags parses the agent's settings without starting anything:
+// args first, then environ's CKPT_<FLAG> variables for flags args did not
+// set, then the --config file for flags neither set, and checks them. It
+// returns the names of CKPT_ variables that are no setting of ckpt, to be
+// warned about.
+func parseAgentFlags(args, environ []string) (*agentOptions, []string, error) {
+	fs, o := agentFlagSet()
+	if err := parseFlags(fs, args); err != nil {
+		return nil, nil, err
+	}
+	unknown, err := applyEnv(fs, environ)
+	if err != nil {
+		return nil, nil, usageError{err}
+	}
+	if o.config != "" {
+		if err := applyConfig(fs, o.config); err != nil {
+			return nil, nil, usageError{err}
 		}
 	}
-	if err := checkArgs(fs, "socket", "storage", "job", "local-dir"); err != nil {
+	if err := o.check(fs); err != nil {
+		return nil, nil, err
+	}
+	return o, unknown, nil
+}
+
+// check refuses settings the agent cannot start with, as usage errors.
+func (o *agentOptions) check(fs *flag.FlagSet) error {
+	required := []string{"socket", "storage", "job", "local-dir"}
+	if o.tenants != "" {
+		if err := checkTenantFlags(fs); err != nil {
+			return err
+		}
+		required = []string{"socket", "local-dir"}
+	}
+	if err := checkArgs(fs, required...); err != nil {
 		return err
 	}
-	if len(roots) == 0 {
+	if len(o.roots) == 0 && o.tenants == "" {
 		return usageError{errors.New("--allow-root is required: any process that can open the socket may name a dir to checkpoint or restore into, and the allowed roots confine them; give the app's data directory, or --allow-root / to allow any dir explicitly")}
 	}
-	for _, r := range roots {
+	for _, r := range o.roots {
 		if !filepath.IsAbs(r) {
 			return usageError{fmt.Errorf("--allow-root %q is relative: give an absolute path", r)}
 		}
 	}
-	if *maxConns < 1 {
-		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", *maxConns)}
+	if o.maxConns < 1 {
+		return usageError{fmt.Errorf("--max-connections must be at least 1, got %d", o.maxConns)}
 	}
-	if *ckptTimeout < 0 {
+	if o.ckptTimeout < 0 {
 		return usageError{fmt.Errorf("--checkpoint-timeout must not be negative (0: none)")}
 	}
-	if *ckptTimeout == 0 {
-		*ckptTimeout = -1 // none
-	}
-	if *idleTimeout < 0 {
+	if o.idleTimeout < 0 {
 		return usageError{fmt.Errorf("--idle-timeout must not be negative (0: never)")}
 	}
-	idle := *idleTimeout
-	if idle == 0 {
-		idle = -1 // never
-	}
-	log, err := newLogger(*logLevel)
-	if err != nil {
-		return err
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return usageError{fmt.Errorf("--log-level %q: use debug, info, warn or error", o.logLevel)}
 	}
 	if err := checkRetain(fs); err != nil {
 		return err
 	}
-	if err := manifests.CheckGCGrace("--gc-grace", *grace); err != nil {
+	if err := manifests.CheckGCGrace("--gc-grace", o.grace); err != nil {
 		return usageError{err}
 	}
-	if *gcInterval == 0 {
+	if o.gcInterval == 0 {
 		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
 	}
-	warnLoweredGraceFloor()
-	if *uploadRate < 0 || *drillRate < 0 || *scrubRate < 0 || *standbyRate < 0 {
+	if o.uploadRate < 0 || o.drillRate < 0 || o.scrubRate < 0 || o.standbyRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
 	}
-	if *standbyEvery <= 0 {
+	if o.standbyEvery <= 0 {
 		return usageError{fmt.Errorf("--standby-interval must be positive")}
 	}
-	var followed []string
-	for _, v := range standbyFor {
+	o.followed = nil
+	for _, v := range o.standbyFor {
 		for _, task := range strings.Split(v, ",") {
 			if task = strings.TrimSpace(task); task != "" {
 				if err := manifests.ValidName("task", task); err != nil {
 					return usageError{fmt.Errorf("--standby-for: %w", err)}
 				}
-				followed = append(followed, task)
+				o.followed = append(o.followed, task)
 			}
 		}
 	}
+	return nil
+}
+
+func runAgent(ctx context.Context, args []string) error {
+	o, unknownEnv, err := parseAgentFlags(args, os.Environ())
+	if err != nil {
+		return err
+	}
+	idle := o.idleTimeout
+	if idle == 0 {
+		idle = -1 // never
+	}
+	ckptTimeout := o.ckptTimeout
+	if ckptTimeout == 0 {
+		ckptTimeout = -1 // none
+	}
+	log, err := newLogger(o.logLevel)
+	if err != nil {
+		return err
+	}
+	for _, name := range unknownEnv {
+		log.Warn("unknown environment variable: no ckpt agent flag is named by it (see ckpt agent --help)", "name", name)
+	}
+	warnLoweredGraceFloor()
+	if o.tenants != "" {
+		return runNodeAgent(ctx, o, ckptTimeout, idle, log)
+	}
 	// Telemetry first: the store's metrics decorator registers with it.
-	tel, err := telemetry.New(ctx, telemetry.Options{Job: *job, Storage: *store, Version: version})
+	tel, err := telemetry.New(ctx, telemetry.Options{Job: o.job, Storage: o.store, Version: version})
 	if err != nil {
 		return err
 	}
 	defer tel.Shutdown(context.Background())
-	if *createStorage {
-		if err := createFileStorage(*store); err != nil {
+	if o.createStorage {
+		if err := createFileStorage(o.store); err != nil {
 			return err
 		}
 	}
-	base, err := openStore(ctx, *store)
+	base, err := openStore(ctx, o.store)
 	if err != nil {
 		return err
 	}
 	defer base.Close()
-	st := ratelimit.New(base, ratelimit.Limits{Upload: *uploadRate})
+	st := ratelimit.New(base, ratelimit.Limits{Upload: o.uploadRate})
 	cfg := agent.Config{
-		Socket: *socket, Store: st, Job: *job, Node: *node, LocalDir: *localDir, AllowRoots: roots, Telemetry: tel,
-		AllowUIDs: uids, AllowGIDs: gids, MaxConnections: *maxConns, IdleTimeout: idle,
-		Retain: *retain, GCGrace: *grace, GCInterval: *gcInterval, ReuseCheckMaxAge: *reuseMaxAge, ScrubRate: *scrubRate,
-		UploadConcurrency: *conc, MaxConcurrent: *maxConc, MaxQueued: *maxQueued,
-		ShutdownGrace: *shutdown, CommitPatience: *patience, CheckpointTimeout: *ckptTimeout, Version: version, Logger: log,
+		Socket: o.socket, Store: st, Job: o.job, Node: o.node, LocalDir: o.localDir, AllowRoots: o.roots, Telemetry: tel,
+		AllowUIDs: o.uids, AllowGIDs: o.gids, MaxConnections: o.maxConns, IdleTimeout: idle,
+		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
+		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued,
+		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
-		res, err := restore.Run(ctx, restore.Options{Store: st, Job: *job, Task: r.Task, Checkpoint: r.Checkpoint,
-			JobConsistent: r.JobConsistent, Target: r.Target, TargetParent: r.Parent, LocalDir: *localDir})
+		res, err := restore.Run(ctx, restore.Options{Store: st, Job: o.job, Task: r.Task, Checkpoint: r.Checkpoint,
+			JobConsistent: r.JobConsistent, Target: r.Target, TargetParent: r.Parent, LocalDir: o.localDir})
 		recordRestore(ctx, tel, r.Task, res, err)
 		return res, err
 	}
-	if *drillEvery > 0 {
-		drillStore := ratelimit.New(base, ratelimit.Limits{Download: *drillRate})
-		cfg.DrillInterval = *drillEvery
+	if o.drillEvery > 0 {
+		drillStore := ratelimit.New(base, ratelimit.Limits{Download: o.drillRate})
+		cfg.DrillInterval = o.drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: *job, Task: task, ScratchDir: *scratch, Check: engines.Check})
+			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
 		}
 	}
-	if len(followed) > 0 {
-		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: *standbyRate})
-		cfg.StandbyFor, cfg.StandbyInterval = followed, *standbyEvery
+	if len(o.followed) > 0 {
+		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: o.standbyRate})
+		cfg.StandbyFor, cfg.StandbyInterval = o.followed, o.standbyEvery
 		cfg.Standby = func(ctx context.Context, task string) (*restore.RefreshResult, error) {
-			return restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: *job, Task: task, LocalDir: *localDir})
+			return restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: o.job, Task: task, LocalDir: o.localDir})
 		}
 	}
 	a, err := agent.New(cfg)
 	if err != nil {
 		return usageError{err}
 	}
-	if *metricsAddr != "" {
-		addr, _, err := tel.Serve(ctx, *metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: *pprofOn, Page: statuspage.Render, Logger: log})
+	if o.metricsAddr != "" {
+		addr, _, err := tel.Serve(ctx, o.metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: o.pprof, Page: statuspage.Render, Logger: log})
 		if err != nil {
 			return err
 		}
@@ -225,49 +317,6 @@ func recordRestore(ctx context.Context, tel *telemetry.Telemetry, task string, r
 	}
 	tel.RestoreEnded(ctx, telemetry.RestoreRecord{Task: task, Checkpoint: res.Checkpoint, BytesLocal: res.BytesLocal,
 		BytesRemote: res.BytesRemote, Duration: time.Duration(res.DurationMS) * time.Millisecond, OK: true})
-}
-
-// applyConfig sets every flag the config file names and the command line
-// did not set. Unknown keys are errors: a typo must not pass silently.
-func applyConfig(fs *flag.FlagSet, path string) error {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return fmt.Errorf("--config: %w", err)
-	}
-	var kv map[string]any
-	if err := json.Unmarshal(data, &kv); err != nil {
-		return fmt.Errorf("--config %s: not a JSON object: %w", path, err)
-	}
-	set := map[string]bool{}
-	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	for k, v := range kv {
-		name := strings.ReplaceAll(k, "_", "-")
-		if fs.Lookup(name) == nil || name == "config" {
-			return fmt.Errorf("--config %s: unknown setting %q", path, k)
-		}
-		if set[name] {
-			continue
-		}
-		vals := []any{v}
-		if list, ok := v.([]any); ok {
-			vals = list
-		}
-		for _, one := range vals {
-			var s string
-			switch x := one.(type) {
-			case string:
-				s = x
-			case float64, bool:
-				s = fmt.Sprint(x)
-			default:
-				return fmt.Errorf("--config %s: setting %q: unsupported value %v", path, k, one)
-			}
-			if err := fs.Set(name, s); err != nil {
-				return fmt.Errorf("--config %s: setting %q: %w", path, k, err)
-			}
-		}
-	}
-	return nil
 }
 
 func runTrigger(ctx context.Context, args []string) error {

@@ -33,7 +33,7 @@ func runRestore(ctx context.Context, args []string) error {
 	ifCkpt := fs.Bool("if-checkpoint-exists", false, "succeed and do nothing if storage holds no checkpoint of the task")
 	par := fs.Int("parallelism", 8, "files restored at once")
 	verifyLocal := fs.String("verify-local", "sha256", "how to check local files: sha256 (hash every byte) or identity (trust a file that is still the inode its checkpoint completed with, unwritten since; faster, blind to disk corruption)")
-	fromSavepoint := fs.String("savepoint", "", "restore the savepoint at this storage URL (written by ckpt savepoint) instead of a job's checkpoint: no --storage or --job")
+	fromSavepoint := fs.String("savepoint", "", "restore the savepoint at this storage URL (written by ckpt savepoint) instead of a job's checkpoint; with --storage and --job, that job (which must hold no checkpoint of the task) starts from it: its next checkpoint uploads only what changed")
 	fs.String("rescale-from", "", "T1,T2,...: build a new task's Pebble store from these old tasks' job-complete checkpoints, keeping --key-range START:END (--engine pebble; see ckpt restore --rescale-from T --help)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parseFlags(fs, args); err != nil {
@@ -56,18 +56,15 @@ func runRestore(ctx context.Context, args []string) error {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
 	if *fromSavepoint != "" {
-		if *store != "" || *job != "" || *n != 0 {
-			return usageError{errors.New("--savepoint names what to restore: do not give --storage, --job or --checkpoint too")}
+		if *n != 0 || (*store == "") != (*job == "") {
+			return usageError{errors.New("--savepoint names the checkpoint: do not give --checkpoint; give --storage and --job together (to start that job from the savepoint) or neither")}
 		}
-		*store = *fromSavepoint
-	}
-	st, err := openStore(ctx, *store)
-	if err != nil {
-		return err
-	}
-	defer st.Close()
-	if *fromSavepoint != "" {
-		rec, err := savepoint.Read(ctx, st)
+		sp, err := openStore(ctx, *fromSavepoint)
+		if err != nil {
+			return err
+		}
+		defer sp.Close()
+		rec, err := savepoint.Read(ctx, sp)
 		if err != nil {
 			return err
 		}
@@ -76,10 +73,30 @@ func runRestore(ctx context.Context, args []string) error {
 			return usageError{err}
 		}
 		if *jobConsistent && !rec.JobConsistent {
-			return fmt.Errorf("--job-consistent: the savepoint at %s holds checkpoint %d of task %s alone, not a job-complete checkpoint of every task", st, rec.Checkpoint, e.Task)
+			return fmt.Errorf("--job-consistent: the savepoint at %s holds checkpoint %d of task %s alone, not a job-complete checkpoint of every task", sp, rec.Checkpoint, e.Task)
 		}
-		*job, *task, *n, *jobConsistent = rec.Job, e.Task, rec.Checkpoint, false
+		*task, *n, *jobConsistent = e.Task, rec.Checkpoint, false
+		if *store == "" {
+			*store, *job = *fromSavepoint, rec.Job
+		} else {
+			// Start the job from the savepoint: its checkpoint becomes the
+			// task's first in the job, and the restore below is the job's.
+			js, err := openStore(ctx, *store)
+			if err != nil {
+				return err
+			}
+			_, err = savepoint.Seed(ctx, savepoint.SeedOptions{Savepoint: sp, Task: e.Task, Target: js, Job: *job})
+			js.Close()
+			if err != nil {
+				return err
+			}
+		}
 	}
+	st, err := openStore(ctx, *store)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
 	bar := newProgress(!*asJSON, "restore")
 	res, err := restore.Run(ctx, restore.Options{
 		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, JobConsistent: *jobConsistent, LocalDir: *localDir,
@@ -273,6 +290,7 @@ func runVerify(ctx context.Context, args []string) error {
 		Problems    []manifests.Problem `json:"problems"`
 	}
 	res := result{Problems: []manifests.Problem{}}
+	var ms []*manifests.Manifest
 	for _, r := range cat.Retained(*task) {
 		if *n != 0 && r.Checkpoint != *n {
 			continue
@@ -283,18 +301,15 @@ func runVerify(ctx context.Context, args []string) error {
 			res.Problems = append(res.Problems, manifests.Problem{Task: r.Task, Checkpoint: r.Checkpoint, Problem: err.Error()})
 			continue
 		}
-		probs, b, err := manifests.Verify(ctx, st, m, *par)
-		if err != nil {
-			return err
-		}
-		for _, f := range m.Files {
-			if f.Key != "" {
-				res.Objects++
-			}
-		}
-		res.Bytes += b
-		res.Problems = append(res.Problems, probs...)
+		ms = append(ms, m)
 	}
+	// Each object once, whichever checkpoints share it.
+	probs, objects, b, err := manifests.VerifyAll(ctx, st, ms, *par)
+	if err != nil {
+		return err
+	}
+	res.Objects, res.Bytes = objects, b
+	res.Problems = append(res.Problems, probs...)
 	if *n != 0 && res.Checkpoints == 0 {
 		return fmt.Errorf("checkpoint %d of task %s is not a complete retained checkpoint (see ckpt list)", *n, *task)
 	}

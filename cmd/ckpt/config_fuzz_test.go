@@ -1,45 +1,37 @@
 package main
 
 import (
-	"flag"
-	"os"
-	"path/filepath"
 	"testing"
-	"time"
 )
 
-// FuzzApplyConfig: whatever bytes a --config file holds, applyConfig never
-// panics; it either applies known settings or names what is wrong, and it
-// never lets the file override a flag given on the command line.
-func FuzzApplyConfig(f *testing.F) {
+// FuzzAgentConfig: whatever bytes a --config file holds (YAML or JSON),
+// parsing the agent's settings never panics; it either applies known
+// settings or names what is wrong, and the file never overrides a flag
+// given on the command line or by the environment.
+func FuzzAgentConfig(f *testing.F) {
 	for _, s := range []string{
 		`{"storage":"s3://b/p","allow_root":["/data","/x"],"retain":3,"gc_grace":"2h","pprof":true}`,
-		`{"retain":"three"}`, `{"unknown":1}`, `{"config":"/etc/x"}`, `[]`, `null`, `{"allow_root":[1,{}]}`,
-		`{"retain":1e400}`, `{"gc_grace":-5}`, `{"storage":null}`, "\xff", `{"socket":"/cmdline"}`,
+		"storage: gs://b/p\nallow-root: [/data]\nupload_rate: 100000000\n",
+		"retain: three\n", `{"retain":"three"}`, `{"unknown":1}`, `{"config":"/etc/x"}`, `[]`, `null`,
+		`{"allow_root":[1,{}]}`, `{"retain":1e400}`, `{"gc_grace":-5}`, `{"storage":null}`, "\xff",
+		`{"socket":"/cmdline"}`, `{"job":"from-file"}`, "a: &x [*x]\n", "- 1\n- 2\n", "{a: b, a: c}\n",
 	} {
 		f.Add([]byte(s))
 	}
-	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, data []byte) {
-		path := filepath.Join(dir, "config.json")
-		if err := os.WriteFile(path, data, 0o600); err != nil {
-			t.Skip(err)
-		}
-		fs := flag.NewFlagSet("agent", flag.ContinueOnError)
-		socket := fs.String("socket", "", "")
-		fs.String("storage", "", "")
-		fs.Int("retain", 2, "")
-		fs.Duration("gc-grace", time.Hour, "")
-		fs.Bool("pprof", false, "")
-		fs.String("config", "", "")
-		var roots stringList
-		fs.Var(&roots, "allow-root", "")
-		if err := fs.Parse([]string{"--socket", "/cmdline"}); err != nil {
+		fs, o := agentFlagSet()
+		if err := parseFlags(fs, []string{"--socket", "/cmdline"}); err != nil {
 			t.Fatal(err)
 		}
-		applyConfig(fs, path)
-		if *socket != "/cmdline" {
-			t.Fatalf("the config file overrode --socket given on the command line: %q", *socket)
+		if _, err := applyEnv(fs, []string{"CKPT_JOB=from-env"}); err != nil {
+			t.Fatal(err)
+		}
+		applyConfigData(fs, "config.yaml", data)
+		if o.socket != "/cmdline" {
+			t.Fatalf("the config file overrode --socket given on the command line: %q", o.socket)
+		}
+		if o.job != "from-env" {
+			t.Fatalf("the config file overrode CKPT_JOB: %q", o.job)
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"sort"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -19,15 +20,77 @@ var pluginCommands = map[string]bool{
 	"gc": true, "drill": true, "savepoint": true,
 }
 
-// pluginDir is the --plugin-dir of the command being run.
-var pluginDir string
+// pluginDir is the --plugin-dir of the command being run; pluginPins and
+// pluginPinFile are its --plugin-sha256 and --plugin-sha256-file.
+var (
+	pluginDir     string
+	pluginPins    = pinFlag{}
+	pluginPinFile string
+)
 
-// addPluginDirFlag gives a command that uses plugins its --plugin-dir flag.
+// addPluginDirFlag gives a command that uses plugins its --plugin-dir flag
+// and the flags that pin plugin binaries.
 func addPluginDirFlag(fs *flag.FlagSet, name string) {
 	if pluginCommands[name] {
+		pluginPins, pluginPinFile = pinFlag{}, ""
 		fs.StringVar(&pluginDir, "plugin-dir", os.Getenv("CKPT_PLUGIN_DIR"),
 			"directory of ckpt-plugin-* binaries (storage backends and engines) to use (default $CKPT_PLUGIN_DIR)")
+		addPinFlags(fs, pluginPins, &pluginPinFile)
 	}
+}
+
+// addPinFlags adds --plugin-sha256 and --plugin-sha256-file.
+func addPinFlags(fs *flag.FlagSet, pins pinFlag, file *string) {
+	fs.Var(pins, "plugin-sha256", "NAME=SHA256: run ckpt-plugin-NAME only if its binary has this SHA-256 (repeatable, or comma-separated)")
+	fs.StringVar(file, "plugin-sha256-file", "", "file of pins, one per line: NAME=SHA256, or the output of sha256sum ckpt-plugin-*")
+}
+
+// pinFlag is the repeatable --plugin-sha256 NAME=HEX.
+type pinFlag plugins.Pins
+
+func (p pinFlag) String() string {
+	var s []string
+	for n, h := range p {
+		s = append(s, n+"="+h)
+	}
+	sort.Strings(s)
+	return strings.Join(s, ",")
+}
+
+// Set adds NAME=HEX, or several separated by commas (as one value from
+// the environment).
+func (p pinFlag) Set(v string) error {
+	for _, one := range strings.Split(v, ",") {
+		name, sum, err := plugins.ParsePin(one)
+		if err != nil {
+			return err
+		}
+		if err := plugins.Pins(p).Add(name, sum); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// pluginOptions merges the pins of the flags and of the pin file.
+func pluginOptions(dir string, pins pinFlag, file string) (plugins.Options, error) {
+	all := plugins.Pins{}
+	if file != "" {
+		fp, err := plugins.ReadPinFile(file)
+		if err != nil {
+			return plugins.Options{}, usageError{fmt.Errorf("--plugin-sha256-file: %w", err)}
+		}
+		all = fp
+	}
+	for n, h := range pins {
+		if err := all.Add(n, h); err != nil {
+			return plugins.Options{}, usageError{fmt.Errorf("--plugin-sha256 and --plugin-sha256-file: %w", err)}
+		}
+	}
+	if len(all) > 0 && dir == "" {
+		return plugins.Options{}, usageError{fmt.Errorf("--plugin-sha256 pins plugins but no --plugin-dir (or CKPT_PLUGIN_DIR) is given")}
+	}
+	return plugins.Options{Dir: dir, Checksums: all}, nil
 }
 
 var (
@@ -41,10 +104,12 @@ var (
 // stderr and left out; an unreadable directory is an error.
 func loadPlugins(ctx context.Context) error {
 	pluginsOnce.Do(func() {
-		if pluginDir == "" {
+		opts, err := pluginOptions(pluginDir, pluginPins, pluginPinFile)
+		if err != nil || pluginDir == "" {
+			pluginsErr = err
 			return
 		}
-		h, err := plugins.Discover(ctx, plugins.Options{Dir: pluginDir})
+		h, err := plugins.Discover(ctx, opts)
 		if err != nil {
 			pluginsErr = fmt.Errorf("--plugin-dir: %w", err)
 			return
@@ -68,11 +133,17 @@ func closePlugins() {
 func runPlugins(ctx context.Context, args []string) error {
 	fs := newFlags("plugins", "--plugin-dir DIR [--json]", "ckpt plugins --plugin-dir /usr/lib/ckpt/plugins --json")
 	dir := fs.String("plugin-dir", os.Getenv("CKPT_PLUGIN_DIR"), "directory of ckpt-plugin-* binaries (default $CKPT_PLUGIN_DIR)")
+	pins, pinFile := pinFlag{}, ""
+	addPinFlags(fs, pins, &pinFile)
 	asJSON := fs.Bool("json", false, `print [{"name","kind","schemes"|"engine","path","protocol"}] as JSON`)
 	if err := parse(fs, args, "plugin-dir"); err != nil {
 		return err
 	}
-	h, err := plugins.Discover(ctx, plugins.Options{Dir: *dir})
+	opts, err := pluginOptions(*dir, pins, pinFile)
+	if err != nil {
+		return err
+	}
+	h, err := plugins.Discover(ctx, opts)
 	if err != nil {
 		return err
 	}

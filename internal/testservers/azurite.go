@@ -3,6 +3,7 @@ package testservers
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 )
 
@@ -33,14 +35,35 @@ type AzuriteServer struct {
 	ConnectionString string
 	// DataDir is the emulator's --location.
 	DataDir string
+	// CAFile is the PEM file of the CA that signed the emulator's
+	// certificate (AzuriteOAuth only).
+	CAFile string
+
+	client *http.Client // trusts CAFile
 }
+
+// AzuriteOption configures Azurite.
+type AzuriteOption func(*azuriteConfig)
+
+type azuriteConfig struct{ oauth bool }
+
+// AzuriteOAuth serves HTTPS (a certificate for 127.0.0.1 signed by a fresh
+// test CA, AzuriteServer.CAFile) and accepts bearer tokens as well as the
+// account key (--oauth basic: Azurite checks a token's issuer, audience
+// and lifetime, not its signature). Azure SDKs send tokens only over
+// HTTPS.
+func AzuriteOAuth() AzuriteOption { return func(c *azuriteConfig) { c.oauth = true } }
 
 // Azurite starts azurite-blob on a free 127.0.0.1 port with a fresh data
 // directory, installing Azurite with npm into <repo>/.bin/azurite on first
 // use. Like the Go servers it skips with -short and fails the test when
 // npm is missing or the install fails.
-func Azurite(t testing.TB) *AzuriteServer {
+func Azurite(t testing.TB, opts ...AzuriteOption) *AzuriteServer {
 	t.Helper()
+	var cfg azuriteConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	skipShort(t, "the Azure Blob emulator (Azurite)")
 	root, err := RepoRoot()
 	if err != nil {
@@ -51,18 +74,28 @@ func Azurite(t testing.TB) *AzuriteServer {
 		t.Fatalf("testservers: %v", err)
 	}
 	s := &AzuriteServer{DataDir: t.TempDir()}
+	scheme, client := "http", (*http.Client)(nil)
+	var extra []string
+	if cfg.oauth {
+		var certFile, keyFile string
+		s.CAFile, certFile, keyFile, client = testCerts(t)
+		s.client = client
+		scheme = "https"
+		extra = []string{"--cert", certFile, "--key", keyFile, "--oauth", "basic"}
+	}
 	// --skipApiVersionCheck: the azblob SDK speaks a newer service version
 	// (2026-12-06) than Azurite 3.37.0 announces; the blob operations ckpt
 	// uses are the same.
 	port := start(t, "azurite-blob", bin, func(port int) []string {
-		return []string{"--blobHost", "127.0.0.1", "--blobPort", fmt.Sprint(port), "--location", s.DataDir,
+		args := []string{"--blobHost", "127.0.0.1", "--blobPort", fmt.Sprint(port), "--location", s.DataDir,
 			"--silent", "--skipApiVersionCheck"}
+		return append(args, extra...)
 	}, func(port int) bool {
-		return httpAnswers(nil, fmt.Sprintf("http://127.0.0.1:%d/%s?comp=list", port, AzuriteAccount))
+		return httpAnswers(client, fmt.Sprintf("%s://127.0.0.1:%d/%s?comp=list", scheme, port, AzuriteAccount))
 	})
-	s.Endpoint = fmt.Sprintf("http://127.0.0.1:%d/%s", port, AzuriteAccount)
-	s.ConnectionString = fmt.Sprintf("DefaultEndpointsProtocol=http;AccountName=%s;AccountKey=%s;BlobEndpoint=%s;",
-		AzuriteAccount, AzuriteKey, s.Endpoint)
+	s.Endpoint = fmt.Sprintf("%s://127.0.0.1:%d/%s", scheme, port, AzuriteAccount)
+	s.ConnectionString = fmt.Sprintf("DefaultEndpointsProtocol=%s;AccountName=%s;AccountKey=%s;BlobEndpoint=%s;",
+		scheme, AzuriteAccount, AzuriteKey, s.Endpoint)
 	return s
 }
 
@@ -145,7 +178,11 @@ func installAzurite(ctx context.Context, root string, logf func(string, ...any))
 }
 
 func (s *AzuriteServer) createContainer(name string) error {
-	c, err := container.NewClientFromConnectionString(s.ConnectionString, name, nil)
+	var opts *container.ClientOptions
+	if s.client != nil {
+		opts = &container.ClientOptions{ClientOptions: policy.ClientOptions{Transport: s.client}}
+	}
+	c, err := container.NewClientFromConnectionString(s.ConnectionString, name, opts)
 	if err != nil {
 		return err
 	}

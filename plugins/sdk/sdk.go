@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"runtime/pprof"
 	"strings"
 
 	"github.com/hashicorp/go-hclog"
@@ -39,7 +40,11 @@ const ProtocolVersion = wire.ProtocolVersion
 // ServeStorage serves a storage backend for the given URL schemes: the
 // host calls open with each URL of those schemes that storage.Open is
 // given, and the store it returns must keep storage.Store's contract (run
-// storage/storagetest on it). It does not return.
+// storage/storagetest on it). A store's Put is called as soon as a body
+// starts to arrive: its body (an io.ReadSeeker and io.ReaderAt) makes
+// reads wait for bytes not received yet, keeps what arrived so the store
+// may rewind, and yields the last byte only after the host's size and
+// CRC-32C are checked. It does not return.
 func ServeStorage(open storage.Opener, schemes ...string) {
 	if open == nil || len(schemes) == 0 {
 		fatal("sdk.ServeStorage: an opener and at least one scheme are required")
@@ -74,6 +79,7 @@ func ServeEngine(e engines.Engine) {
 
 func serve(desc *pluginpb.DescribeResponse, register func(*grpc.Server)) {
 	restoreStdout()
+	stop := startCPUProfile()
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: wire.Handshake,
 		Plugins: plugin.PluginSet{wire.PluginName: &wire.GRPCPlugin{Register: func(s *grpc.Server) {
@@ -81,14 +87,39 @@ func serve(desc *pluginpb.DescribeResponse, register func(*grpc.Server)) {
 			register(s)
 		}}},
 		GRPCServer: func(opts []grpc.ServerOption) *grpc.Server {
-			opts = append(opts, grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize),
+			opts = append(opts, grpc.MaxRecvMsgSize(wire.MaxMessageSize), grpc.MaxSendMsgSize(wire.MaxMessageSize), grpc.ForceServerCodecV2(wire.Codec{}),
 				grpc.InitialWindowSize(wire.StreamWindow), grpc.InitialConnWindowSize(wire.ConnWindow),
 				grpc.ReadBufferSize(wire.IOBuffer), grpc.WriteBufferSize(wire.IOBuffer))
 			return grpc.NewServer(opts...)
 		},
 		Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Error, Output: os.Stderr, JSONFormat: true}),
 	})
+	stop()
 	os.Exit(0)
+}
+
+// startCPUProfile profiles the plugin's CPU into the file
+// $CKPT_PLUGIN_CPUPROFILE.<pid> when that variable is set (the plugin
+// inherits the host's environment), until the host stops the plugin.
+func startCPUProfile() (stop func()) {
+	path := os.Getenv("CKPT_PLUGIN_CPUPROFILE")
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s.%d", path, os.Getpid()))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "CKPT_PLUGIN_CPUPROFILE: %v\n", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		fmt.Fprintf(os.Stderr, "CKPT_PLUGIN_CPUPROFILE: %v\n", err)
+		f.Close()
+		return func() {}
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}
 }
 
 func fatal(msg string) {

@@ -1,14 +1,12 @@
 package sdk
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"net/url"
-	"os"
 	"sync"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -18,10 +16,9 @@ import (
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-// memBodyLimit is the largest Put body held in memory; larger ones are
-// spooled to an unlinked temporary file, so memory stays flat whatever
-// the object size and the store gets a re-readable body (an *os.File,
-// which backends read in sections without buffering).
+// memBodyLimit is the largest Put body held in memory; larger ones go to
+// an unlinked temporary file, so memory stays flat whatever the object
+// size and the store gets a re-readable body.
 const memBodyLimit = 4 << 20
 
 type storageServer struct {
@@ -103,91 +100,31 @@ func (s *storageServer) Put(stream pluginpb.Storage_PutServer) error {
 	if err != nil {
 		return err
 	}
-	body, cleanup, err := receiveBody(stream, h)
+	body, err := newPipeBody(h.Key, h.Size)
 	if err != nil {
-		return err
+		return wire.ToStatus(err)
 	}
-	defer cleanup()
+	defer body.release()
+	// The store reads the body while it arrives: an upload starts with the
+	// first chunk instead of after the last (see pipeBody).
+	go body.receive(stream)
 	if h.Create {
 		err = st.Create(ctx, h.Key, body, h.Size)
 	} else {
 		err = st.Put(ctx, h.Key, body, h.Size)
 	}
 	if err != nil {
+		if rerr := body.failed(); rerr != nil {
+			return rerr // the body's fault, which failed the store's read
+		}
 		return wire.ToStatus(err)
 	}
+	if rerr := body.wait(); rerr != nil {
+		// The body was short, long or corrupt, or the stream broke: the
+		// store never saw its last byte, so it wrote nothing.
+		return rerr
+	}
 	return stream.SendAndClose(&pluginpb.PutResponse{})
-}
-
-// receiveBody reads the chunks and the trailer of a Put into memory or a
-// temporary file, checking the size and the CRC-32C.
-func receiveBody(stream pluginpb.Storage_PutServer, h *pluginpb.PutHeader) (io.ReadSeeker, func(), error) {
-	var (
-		w       io.Writer
-		buf     *bytes.Buffer
-		f       *os.File
-		cleanup = func() {}
-	)
-	if h.Size <= memBodyLimit {
-		buf = bytes.NewBuffer(make([]byte, 0, h.Size))
-		w = buf
-	} else {
-		var err error
-		f, err = os.CreateTemp("", "ckpt-plugin-put-*")
-		if err != nil {
-			return nil, nil, wire.ToStatus(fmt.Errorf("put %s: spool the body: %w", h.Key, err))
-		}
-		os.Remove(f.Name())
-		cleanup = func() { f.Close() }
-		w = f
-	}
-	crc := crc32.New(wire.Castagnoli)
-	var n int64
-	for {
-		m, err := stream.Recv()
-		if err != nil {
-			cleanup()
-			if errors.Is(err, io.EOF) {
-				return nil, nil, wire.InvalidArgument("put %s: the body ended after %d of %d bytes without a trailer", h.Key, n, h.Size)
-			}
-			return nil, nil, err
-		}
-		if c := m.GetChunk(); c != nil {
-			n += int64(len(c))
-			if n > h.Size {
-				cleanup()
-				return nil, nil, wire.InvalidArgument("put %s: more than the %d bytes declared", h.Key, h.Size)
-			}
-			crc.Write(c)
-			if _, err := w.Write(c); err != nil {
-				cleanup()
-				return nil, nil, wire.ToStatus(fmt.Errorf("put %s: spool the body: %w", h.Key, err))
-			}
-			continue
-		}
-		t := m.GetTrailer()
-		if t == nil {
-			cleanup()
-			return nil, nil, wire.InvalidArgument("put %s: unexpected message", h.Key)
-		}
-		if n != h.Size {
-			cleanup()
-			return nil, nil, wire.InvalidArgument("put %s: received %d bytes, %d declared", h.Key, n, h.Size)
-		}
-		if crc.Sum32() != t.Crc32C {
-			cleanup()
-			return nil, nil, wire.InvalidArgument("put %s: CRC-32C of the received body %08x, the host sent %08x", h.Key, crc.Sum32(), t.Crc32C)
-		}
-		break
-	}
-	if f != nil {
-		if _, err := f.Seek(0, io.SeekStart); err != nil {
-			cleanup()
-			return nil, nil, wire.ToStatus(err)
-		}
-		return f, cleanup, nil
-	}
-	return bytes.NewReader(buf.Bytes()), cleanup, nil
 }
 
 func (s *storageServer) Get(r *pluginpb.GetRequest, stream pluginpb.Storage_GetServer) error {
@@ -222,16 +159,21 @@ func (s *storageServer) Get(r *pluginpb.GetRequest, stream pluginpb.Storage_GetS
 		src = io.LimitReader(src, r.Length)
 	}
 	crc := crc32.New(wire.Castagnoli)
-	buf := make([]byte, wire.ChunkSize)
 	var n int64
 	for {
-		m, err := io.ReadFull(src, buf)
+		// Each chunk has its own pooled buffer: gRPC sends it as it is and
+		// returns it to the pool once written (see wire.Codec).
+		bp := wire.ChunkPool.Get(wire.ChunkSize)
+		m, err := io.ReadFull(src, *bp)
 		if m > 0 {
-			crc.Write(buf[:m])
+			crc.Write((*bp)[:m])
 			n += int64(m)
-			if serr := stream.Send(&pluginpb.GetResponse{Msg: &pluginpb.GetResponse_Chunk{Chunk: buf[:m]}}); serr != nil {
+			*bp = (*bp)[:m]
+			if serr := stream.SendMsg(&wire.OutChunk{Field: wire.GetChunkField, Buf: bp}); serr != nil {
 				return serr
 			}
+		} else {
+			wire.ChunkPool.Put(bp)
 		}
 		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 			break

@@ -28,6 +28,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -48,6 +49,8 @@ const (
 	DefaultBlockSize   = 8 << 20
 	DefaultConcurrency = 4
 	deleteConcurrency  = 16
+	batchSize          = 256 // Blob Batch's limit of sub-requests
+	batchConcurrency   = 4
 )
 
 // Options configures a Store.
@@ -114,6 +117,8 @@ type Store struct {
 	blockSize   int
 	concurrency int
 	bufs        sync.Pool
+	noBatch     atomic.Bool  // the service refused Blob Batch
+	batches     atomic.Int64 // Blob Batch requests that succeeded
 }
 
 var _ storage.Store = (*Store)(nil)
@@ -148,6 +153,9 @@ func New(ctx context.Context, o Options) (*Store, error) {
 			return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q: AZURE_STORAGE_CONNECTION_STRING is not usable: %v", o.Container, err), Err: err}
 		}
 	} else {
+		if u, perr := url.Parse(o.Endpoint); perr != nil || u.Scheme != "https" || u.Host == "" {
+			return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q: endpoint %q: the Azure identity chain sends tokens only to an https:// endpoint (use one, or AZURE_STORAGE_CONNECTION_STRING)", o.Container, redact(o.Endpoint)), Err: perr}
+		}
 		cred := o.Credential
 		if cred == nil {
 			cred, err = azidentity.NewDefaultAzureCredential(nil)
@@ -409,14 +417,79 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 	return nil
 }
 
-// Delete removes keys with up to 16 requests in flight (one request per
-// blob: Blob Batch is not available on every account type and emulator).
+// Delete removes keys with Blob Batch requests of up to 256 deletes,
+// batchConcurrency batches in flight. A key that does not exist is not an
+// error. An account or emulator that refuses Blob Batch (a 4xx for the
+// whole batch) gets one request per blob, deleteConcurrency in flight,
+// from then on.
 func (s *Store) Delete(ctx context.Context, keys ...string) error {
 	for _, k := range keys {
 		if err := storage.ValidKey(k); err != nil {
 			return fmt.Errorf("az delete: %w", err)
 		}
 	}
+	if len(keys) == 0 {
+		return nil
+	}
+	if s.noBatch.Load() || len(keys) == 1 {
+		return s.deleteEach(ctx, keys)
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(batchConcurrency)
+	for len(keys) > 0 {
+		batch := keys[:min(len(keys), batchSize)]
+		keys = keys[len(batch):]
+		g.Go(func() error {
+			err := s.deleteBatch(gctx, batch)
+			var re *azcore.ResponseError
+			if errors.As(err, &re) && re.StatusCode >= 400 && re.StatusCode < 500 && re.StatusCode != http.StatusTooManyRequests {
+				s.noBatch.Store(true)
+				return s.deleteEach(gctx, batch)
+			}
+			return err
+		})
+	}
+	return g.Wait()
+}
+
+// deleteBatch deletes keys (at most 256) with one Blob Batch request.
+// The error of the whole batch is returned as it is (a
+// *azcore.ResponseError when the service refused it); a sub-request that
+// failed for another reason than a missing blob fails the call, naming
+// its key.
+func (s *Store) deleteBatch(ctx context.Context, keys []string) error {
+	bb, err := s.client.NewBatchBuilder()
+	if err != nil {
+		return fmt.Errorf("az delete: %w", err)
+	}
+	for _, k := range keys {
+		if err := bb.Delete(s.prefix+k, nil); err != nil {
+			return fmt.Errorf("az delete %s: %w", k, err)
+		}
+	}
+	resp, err := s.client.SubmitBatch(ctx, bb, nil)
+	if err != nil {
+		return fmt.Errorf("az delete %d blobs from %s: %w", len(keys), keys[0], err)
+	}
+	s.batches.Add(1)
+	if len(resp.Responses) != len(keys) {
+		return fmt.Errorf("az delete %d blobs from %s: the batch answered %d of them", len(keys), keys[0], len(resp.Responses))
+	}
+	for i, r := range resp.Responses {
+		if r.Error == nil || notFound(r.Error) {
+			continue
+		}
+		name := keys[i]
+		if r.BlobName != nil {
+			name = strings.TrimPrefix(*r.BlobName, s.prefix)
+		}
+		return fmt.Errorf("az delete %s: %w", name, r.Error)
+	}
+	return nil
+}
+
+// deleteEach deletes keys one request each, deleteConcurrency in flight.
+func (s *Store) deleteEach(ctx context.Context, keys []string) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(deleteConcurrency)
 	for _, k := range keys {

@@ -7,6 +7,13 @@
 //     returns; it prints to stdout before Serve and on every Put.
 //   - ckpt-plugin-testengine serves the engine "testengine": *.dat files
 //     are shared, Check counts the files of the directory.
+//
+// Started with CKPT_TEST_RAN_FILE set, it first appends its name to that
+// file, so that a test can tell whether it ran at all. While the file
+// CKPT_TEST_CRASH_FILE names exists, every Put of a key with a /shared/
+// segment crashes the process halfway through the body (an agent's
+// upload of a data file). While the file CKPT_TEST_HANG_FILE names exists,
+// such a Put never returns, whatever its context says.
 package main
 
 import (
@@ -28,6 +35,13 @@ import (
 
 func main() {
 	name := strings.TrimPrefix(filepath.Base(os.Args[0]), "ckpt-plugin-")
+	// Tests that must prove a binary was never run name a file here.
+	if p := os.Getenv("CKPT_TEST_RAN_FILE"); p != "" {
+		if f, err := os.OpenFile(p, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600); err == nil {
+			fmt.Fprintln(f, name)
+			f.Close()
+		}
+	}
 	fmt.Println("noise on stdout before Serve")
 	os.Stdout.WriteString("more noise\n")
 	syscall.Write(1, []byte("raw noise on fd 1\n"))
@@ -49,7 +63,18 @@ type faulty struct{ storage.Store }
 
 func (f *faulty) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
 	fmt.Println("put", key) // after Serve: forwarded to the host's log
-	if strings.HasPrefix(key, "crash/") {
+	crash := strings.HasPrefix(key, "crash/")
+	if p := os.Getenv("CKPT_TEST_CRASH_FILE"); p != "" && strings.Contains(key, "/shared/") {
+		if _, err := os.Stat(p); err == nil {
+			crash = true
+		}
+	}
+	if p := os.Getenv("CKPT_TEST_HANG_FILE"); p != "" && strings.Contains(key, "/shared/") {
+		if _, err := os.Stat(p); err == nil {
+			select {}
+		}
+	}
+	if crash {
 		io.CopyN(io.Discard, body, size/2)
 		// Straight to file descriptor 2, as a panic is written.
 		syscall.Write(2, []byte("faulty plugin: crashing on purpose\n"))
