@@ -31,7 +31,7 @@ import (
 )
 
 const (
-	synopsis = "[--storage URL] [--state-bytes B] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]"
+	synopsis = "[--storage URL] [--state-bytes B] [--rescale-bytes B] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]"
 	example  = "ckpt-bench --state-bytes 1GiB --json > bench.json"
 )
 
@@ -64,6 +64,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs := flag.NewFlagSet("ckpt-bench", flag.ContinueOnError)
 	store := fs.String("storage", "", "storage URL to measure against (default: start versitygw, an S3 server, on 127.0.0.1)")
 	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
+	rescaleBytes := fs.String("rescale-bytes", "", "keyed state of the rescale section (4 Pebble tasks rebuilt as 3 and as 6), e.g. 1GiB (default 1GiB; --quick 16MiB)")
 	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
 	checkpoints := fs.Int("checkpoints", 0, "checkpoints of the incremental section (default 10; --quick 3)")
 	appInterval := fs.Duration("app-interval", time.Second, "checkpoint interval of the app-throughput section (phases last at least five intervals)")
@@ -121,6 +122,13 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageError{fmt.Errorf("--state-bytes: %v", err)}
 		}
 		o.StateBytes = b
+	}
+	if *rescaleBytes != "" {
+		b, err := parseBytes(*rescaleBytes)
+		if err != nil {
+			return usageError{fmt.Errorf("--rescale-bytes: %v", err)}
+		}
+		o.RescaleBytes = b
 	}
 	if *only != "" {
 		o.Only = strings.Split(*only, ",")

@@ -17,6 +17,9 @@ import (
 )
 
 func runRestore(ctx context.Context, args []string) error {
+	if hasFlag(args, "rescale-from") {
+		return runRescaleRestore(ctx, args)
+	}
 	fs := newFlags("restore", "--storage URL --job NAME --task T --target DIR [flags]",
 		"ckpt restore --storage s3://bucket/ckpt --job orders --task orders-3 --target /data/orders-3 --local-dir /data/ckpt-local --if-not-exists --if-checkpoint-exists")
 	store := fs.String("storage", "", "storage URL")
@@ -31,6 +34,7 @@ func runRestore(ctx context.Context, args []string) error {
 	par := fs.Int("parallelism", 8, "files restored at once")
 	verifyLocal := fs.String("verify-local", "sha256", "how to check local files: sha256 (hash every byte) or identity (trust a file that is still the inode its checkpoint completed with, unwritten since; faster, blind to disk corruption)")
 	fromSavepoint := fs.String("savepoint", "", "restore the savepoint at this storage URL (written by ckpt savepoint) instead of a job's checkpoint; with --storage and --job, that job (which must hold no checkpoint of the task) starts from it: its next checkpoint uploads only what changed")
+	fs.String("rescale-from", "", "T1,T2,...: build a new task's Pebble store from these old tasks' job-complete checkpoints, keeping --key-range START:END (--engine pebble; see ckpt restore --rescale-from T --help)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err

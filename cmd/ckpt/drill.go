@@ -10,6 +10,9 @@ import (
 )
 
 func runDrill(ctx context.Context, args []string) error {
+	if hasFlag(args, "rescale-from") {
+		return runRescaleDrill(ctx, args)
+	}
 	fs := newFlags("drill", "--storage URL --job NAME [--task T] [--engine E] [--json]",
 		"ckpt drill --storage s3://bucket/ckpt --job orders --task orders-3 --engine rocksdb --plugin-dir /usr/lib/ckpt/plugins --json   (without --task: every task of the newest job-complete checkpoint, in parallel)")
 	store := fs.String("storage", "", "storage URL")

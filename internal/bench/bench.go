@@ -29,7 +29,9 @@
 //     files in a snapshot;
 //  7. a separate `ckpt agent` process uploading a large checkpoint
 //     (StateBytes of production-sized files), its peak RSS sampled from
-//     /proc/<pid>/status.
+//     /proc/<pid>/status;
+//  8. a job of 4 Pebble tasks owning contiguous key ranges of RescaleBytes,
+//     rebuilt as 3 and as 6 tasks by rescale restores (rescale.go).
 package bench
 
 import (
@@ -86,6 +88,9 @@ type Options struct {
 	AgentMetricsAddr string
 	// Dir is the scratch directory (default a temporary one, removed).
 	Dir string
+	// RescaleBytes is the keyed state of the rescale section (default
+	// 1 GiB; quick 16 MiB).
+	RescaleBytes int64
 	// Seed makes the workload reproducible (default 1).
 	Seed uint64
 	// Log receives progress lines (default: discarded).
@@ -93,13 +98,19 @@ type Options struct {
 }
 
 // Sections, in the order they run.
-var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory"}
+var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory", "rescale"}
 
 func (o *Options) defaults() error {
 	if o.StateBytes == 0 {
 		o.StateBytes = 64 << 20
 		if o.Quick {
 			o.StateBytes = 8 << 20
+		}
+	}
+	if o.RescaleBytes == 0 {
+		o.RescaleBytes = 1 << 30
+		if o.Quick {
+			o.RescaleBytes = 16 << 20
 		}
 	}
 	if o.Churn == 0 {
@@ -123,6 +134,8 @@ func (o *Options) defaults() error {
 	switch {
 	case o.StateBytes < 1<<20:
 		return fmt.Errorf("state bytes must be at least 1 MiB, got %d", o.StateBytes)
+	case o.RescaleBytes < 1<<20:
+		return fmt.Errorf("rescale bytes must be at least 1 MiB, got %d", o.RescaleBytes)
 	case o.Churn <= 0 || o.Churn > 1:
 		return fmt.Errorf("churn must be in (0, 1], got %g", o.Churn)
 	case o.AppInterval < 10*time.Millisecond || o.AppInterval > 10*time.Minute:
@@ -252,6 +265,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		{"e2e", r.endToEnd},
 		{"pause", r.pause},
 		{"memory", r.memory},
+		{"rescale", r.rescale},
 	}
 	for _, s := range sections {
 		if err := ctx.Err(); err != nil {

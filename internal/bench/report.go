@@ -24,6 +24,7 @@ type Report struct {
 	EndToEnd          *EndToEnd          `json:"end_to_end"`
 	Pause             []Pause            `json:"pause"`
 	Memory            *Memory            `json:"memory"`
+	Rescale           *Rescale           `json:"rescale"`
 	// Series is the raw per-checkpoint series of the incremental section.
 	Series    []CheckpointSample `json:"series"`
 	Targets   []Target           `json:"targets"`
@@ -425,6 +426,16 @@ func (r *Report) finish() {
 		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", human.Bytes(m.CheckpointBytes))
 	}
 	add("agent peak RSS uploading a large checkpoint", m != nil, val(m, func(m *Memory) float64 { return float64(m.PeakRSSBytes) / (1 << 20) }), "MiB", "<=", 128, m != nil && m.Scaled, note)
+	if rs := r.Rescale; rs != nil {
+		note = ""
+		if rs.Scaled {
+			note = fmt.Sprintf("scaled: the state is %s, the target is stated for 1 GiB (run with --rescale-bytes 1GiB --only rescale)", human.Bytes(rs.StateBytes))
+		}
+		for _, sc := range rs.Scenarios {
+			add(fmt.Sprintf("rescale %d->%d: bytes fetched / old bytes in the new ranges", sc.From, sc.To), true, sc.BytesRatio, "x", "<=", 1.2, rs.Scaled, note)
+			add(fmt.Sprintf("rescale %d->%d: time / plain restore of the same state", sc.From, sc.To), true, sc.TimeRatio, "x", "<=", 1.5, rs.Scaled, note)
+		}
+	}
 }
 
 func val[T any](p *T, f func(*T) float64) float64 {
@@ -545,6 +556,14 @@ func (r *Report) Print(w io.Writer) error {
 	if m := r.Memory; m != nil {
 		fmt.Fprintf(w, "\nAgent process uploading %s in %d files: peak RSS %s (at start %s), %s\n",
 			human.Bytes(m.CheckpointBytes), m.Files, human.Bytes(m.PeakRSSBytes), human.Bytes(m.BaselineRSS), rate(m.UploadBytesPerS))
+	}
+	if rs := r.Rescale; rs != nil {
+		fmt.Fprintf(w, "\nRescale: %d old tasks, %s of state (%d keys), checkpoints %s; plain restores %s in %.0f ms\n",
+			rescaleOld, human.Bytes(rs.StateBytes), rs.Keys, human.Bytes(rs.CheckpointBytes), human.Bytes(rs.PlainBytes), rs.PlainMS)
+		for _, sc := range rs.Scenarios {
+			fmt.Fprintf(w, "  %d->%d: %.0f ms (slowest task %.0f ms), %s fetched for %s in range (%.2fx), plain restore of that state %.0f ms (%.2fx), %d keys, verified %v\n",
+				sc.From, sc.To, sc.MS, sc.MaxTaskMS, human.Bytes(sc.Bytes), human.Bytes(sc.BytesInRange), sc.BytesRatio, sc.PlainSameStateMS, sc.TimeRatio, sc.Keys, sc.Verified)
+		}
 	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)
