@@ -25,7 +25,9 @@ func FuzzParseURL(f *testing.F) {
 		o, err := ParseURL(u)
 		if err != nil {
 			if u.User != nil {
-				if pw, ok := u.User.Password(); ok && len(pw) > 3 && strings.Contains(err.Error(), pw) {
+				// The message names the bucket and path; a password that is
+				// also part of those is not told by it.
+				if pw, ok := u.User.Password(); ok && len(pw) > 3 && strings.Contains(err.Error(), pw) && !strings.Contains(u.Host+u.Path, pw) {
 					t.Fatalf("error %q echoes the password", err)
 				}
 			}
