@@ -36,6 +36,12 @@ func (a *Agent) standbys(ctx context.Context) {
 				if res.Fetched != nil {
 					rec.BytesLocal, rec.BytesRemote = res.Fetched.BytesLocal, res.Fetched.BytesRemote
 				}
+				if f := res.Failover; f != nil {
+					rec.Failover = time.Duration(f.DurationMS) * time.Millisecond
+					rec.FailoverBytes, rec.FailoverRemote = f.Bytes, f.BytesRemote
+					a.log.Info("standby failover restore measured", "task", task, "checkpoint", f.Checkpoint,
+						"bytes", f.Bytes, "bytes_remote", f.BytesRemote, "duration_ms", f.DurationMS)
+				}
 			}
 			switch {
 			case err != nil:

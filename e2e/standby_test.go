@@ -54,7 +54,7 @@ func TestAWarmStandbyMakesANodeLossRestoreLocal(t *testing.T) {
 	socketB := filepath.Join(shortDir(t), "b.sock")
 	port := statusPort(t)
 	nodeB := startAgent(t, "B", b.agentConfig(socketB, job, localB, []string{rootB}, "--node", "node-b",
-		"--standby-for", task, "--standby-interval", "200ms", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port)))
+		"--standby-for", task, "--standby-interval", "200ms", "--drill-interval", "1h", "--metrics-addr", fmt.Sprintf("127.0.0.1:%d", port)))
 	waitHeld(t, localB, job, task, 1)
 	exp := checkpointWorkload(t, ctx, w, storeA, socketA, task, 2, 1)
 	waitHeld(t, localB, job, task, 2)
@@ -71,6 +71,15 @@ func TestAWarmStandbyMakesANodeLossRestoreLocal(t *testing.T) {
 	if _, ok := promSample(t, metrics, "ckpt_standby_lag_seconds", map[string]string{"job": job, "task": task}); !ok {
 		t.Error("no ckpt_standby_lag_seconds")
 	}
+	// With --drill-interval the failover restore from the copy is measured.
+	fo := waitLogRecords(t, nodeB, "standby failover restore measured", 1)
+	if fo[0]["bytes_remote"] != float64(0) || fo[0]["bytes"] == float64(0) {
+		t.Fatalf("measured failover restore: %v", fo[0])
+	}
+	if _, ok := promSample(t, metrics, "ckpt_standby_failover_duration_seconds", map[string]string{"job": job, "task": task}); !ok {
+		t.Error("no ckpt_standby_failover_duration_seconds")
+	}
+	t.Logf("measured failover restore on the standby: %v B in %v ms", fo[0]["bytes"], fo[0]["duration_ms"])
 
 	// Node A is lost.
 	nodeA.kill()

@@ -56,8 +56,18 @@ func TestAWarmStandbyFetchesOnlyWhatItLacksAndMakesFailoverLocal(t *testing.T) {
 	if r.Held != 3 || r.Newest != 3 || r.Fetched == nil || r.Fetched.BytesLocal != 0 || r.Fetched.BytesRemote != r.Fetched.Bytes {
 		t.Fatalf("first refresh: %+v, fetched %+v", r, r.Fetched)
 	}
-	if r, err = restore.Refresh(ctx, o); err != nil || r.Fetched != nil || r.Held != 3 || r.Lag != 0 {
+	if r, err = restore.Refresh(ctx, o); err != nil || r.Fetched != nil || r.Held != 3 || r.Lag != 0 || r.Failover != nil {
 		t.Fatalf("refresh when up to date: %+v, %v", r, err)
+	}
+	// The failover restore a move to this node would run, measured: all
+	// from the copy, nothing recorded, nothing left.
+	mo := o
+	mo.MeasureFailover = true
+	if r, err = restore.Refresh(ctx, mo); err != nil || r.Failover == nil || r.Failover.BytesRemote != 0 || r.Failover.BytesLocal != r.Failover.Bytes {
+		t.Fatalf("measured failover: %+v, %v", r, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(sb, ".failover-*")); len(left) != 0 {
+		t.Fatalf("the measured failover left %v behind", left)
 	}
 
 	// The owner checkpoints on: the old SSTs stay, one is new.

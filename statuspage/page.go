@@ -114,6 +114,9 @@ type standbySummary struct {
 	Lag          time.Duration
 	LagH         string
 	Remote       string // bytes the last refresh fetched from storage
+	Failover     time.Duration
+	FailoverH    string // measured failover restore from the copy
+	FailoverOf   string
 	Error        string
 	Ago          string
 }
@@ -244,6 +247,9 @@ func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
 	if sb := tv.Standby; sb != nil {
 		tp.Standby = &standbySummary{Held: sb.Held, Newest: sb.Newest, Lag: sb.Lag, LagH: human.Duration(sb.Lag),
 			Remote: human.Bytes(sb.BytesRemote), Error: sb.Error, Ago: ago(now, sb.At)}
+		if sb.Failover > 0 {
+			tp.Standby.Failover, tp.Standby.FailoverH, tp.Standby.FailoverOf = sb.Failover, human.Duration(sb.Failover), human.Bytes(sb.FailoverBytes)
+		}
 	}
 	for i := len(tv.History) - 1; i >= 0; i-- {
 		r := tv.History[i]
@@ -520,7 +526,7 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 {{end}}
 {{with .Standby}}
 <tr><th>warm standby</th><td>{{if .Error}}<span class="value bad standby-failed">refresh failed</span><div class="sub">holds checkpoint {{.Held}}: {{.Error}}</div>{{else}}holds checkpoint <span class="value standby-held">{{.Held}}</span> of {{.Newest}} · lag <span class="value standby-lag" data-ns="{{.Lag.Nanoseconds}}">{{.LagH}}</span>
-<div class="sub">a failover restore on this node is local · last refresh fetched {{.Remote}}{{if .Ago}} · {{.Ago}}{{end}}</div>{{end}}</td></tr>
+<div class="sub">a failover restore on this node is local{{if .FailoverH}}: measured <span class="value standby-failover" data-ns="{{.Failover.Nanoseconds}}">{{.FailoverH}}</span> for {{.FailoverOf}}{{end}} · last refresh fetched {{.Remote}}{{if .Ago}} · {{.Ago}}{{end}}</div>{{end}}</td></tr>
 {{end}}
 <tr class="sep"><th>in flight</th><td><span class="value in-flight">{{.InFlight}}</span></td></tr>
 <tr><th>failed · aborted</th><td><span class="value failed-count{{if .Counts.Failed}} bad{{end}}">{{.Counts.Failed}}</span> · <span class="value aborted-count{{if .Counts.Aborted}} bad{{end}}">{{.Counts.Aborted}}</span> {{if .Window}}<span class="sub">of the last {{.Window}}</span>{{end}}</td></tr>

@@ -62,7 +62,8 @@ func sampleView() telemetry.View {
 			LastDrill: &telemetry.DrillRecord{Task: "orders-0", Checkpoint: 23, Bytes: 88 * mib, Files: 14,
 				Duration: 1700 * time.Millisecond, Throughput: 88 * mib / 1.7, Verified: true, At: now.Add(-90 * time.Second)}},
 		{Task: "orders-1", History: sawtooth(7, 3*mib, 1200*mib, start),
-			Standby: &telemetry.StandbyRecord{Task: "orders-1", Held: 6, Newest: 7, Lag: 4 * time.Second, BytesRemote: 3 * mib, At: now.Add(-5 * time.Second)}},
+			Standby: &telemetry.StandbyRecord{Task: "orders-1", Held: 6, Newest: 7, Lag: 4 * time.Second, BytesRemote: 3 * mib,
+				Failover: 90 * time.Millisecond, FailoverBytes: 1200 * mib, At: now.Add(-5 * time.Second)}},
 		{Task: "orders-2", History: sawtooth(3, 300*kib, 2*mib, start),
 			LastDrill: &telemetry.DrillRecord{Task: "orders-2", Checkpoint: 2, Error: "object gone", At: now.Add(-time.Minute)}},
 	}
@@ -195,6 +196,7 @@ func TestStatusPage(t *testing.T) {
 		// Task orders-1: no drill, a warm standby one checkpoint behind.
 		"no drill yet",
 		`holds checkpoint <span class="value standby-held">6</span> of 7 · lag <span class="value standby-lag" data-ns="4000000000">4.00 s</span>`,
+		`measured <span class="value standby-failover" data-ns="90000000">`,
 		// Task orders-2: a failed drill says why.
 		"object gone",
 		// Failed and aborted counts over the history window (24 records).

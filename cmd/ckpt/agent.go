@@ -289,8 +289,16 @@ func runAgent(ctx context.Context, args []string) error {
 	if len(o.followed) > 0 {
 		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: o.standbyRate})
 		cfg.StandbyFor, cfg.StandbyInterval = o.followed, o.standbyEvery
+		// With --drill-interval, the failover restore from each copy is
+		// measured at that pace (it reads the whole copy).
+		measured := map[string]time.Time{}
 		cfg.Standby = func(ctx context.Context, task string) (*restore.RefreshResult, error) {
-			return restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: o.job, Task: task, LocalDir: o.localDir})
+			measure := o.drillEvery > 0 && time.Since(measured[task]) >= o.drillEvery
+			res, err := restore.Refresh(ctx, restore.RefreshOptions{Store: standbyStore, Job: o.job, Task: task, LocalDir: o.localDir, MeasureFailover: measure})
+			if res != nil && res.Failover != nil {
+				measured[task] = time.Now()
+			}
+			return res, err
 		}
 	}
 	a, err := agent.New(cfg)
