@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -179,5 +180,38 @@ func TestGCWriterThatLookedBeforeTheMarkCannotCommitLate(t *testing.T) {
 	base.List(ctx, GCPrefix("job"), func(o storage.ObjectInfo) error { left = append(left, o.Key); return nil })
 	if len(left) != 0 {
 		t.Fatalf("gc bookkeeping left behind: %v", left)
+	}
+}
+
+// Collections of one job run at once from many agents: none of them may
+// fail on another's clock probe, and no probe is left behind.
+func TestConcurrentCollectionsEachReadTheirOwnClock(t *testing.T) {
+	ctx := context.Background()
+	fs, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := 0; round < 20; round++ {
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := GC(ctx, fs, "j", GCOptions{Grace: time.Hour}); err != nil {
+					errs <- err
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatalf("round %d: a collection failed beside others: %v", round, err)
+		}
+	}
+	n := 0
+	fs.List(ctx, clockPrefix("j"), func(storage.ObjectInfo) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("%d clock probes left behind", n)
 	}
 }
