@@ -12,7 +12,7 @@
 //
 // What each party does (D = GCMarkDelay, 10m; W = D/2):
 //
-//   - A collection reads storage's clock first (it writes <job>/gc/clock/<id>
+//   - A collection reads storage's clock first (it writes <job>/gc/clock
 //     and takes its time, t0), reads the marks under <job>/gc/marks/, then
 //     lists the manifests (the live set) and the objects. Objects that no
 //     manifest it read references and that are older than the grace (by
@@ -174,11 +174,10 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	base := local0
 	if opts.Now == nil && !opts.DryRun {
 		var err error
-		var probe string
-		if base, probe, err = storageNow(ctx, s, job); err != nil {
+		if base, err = storageNow(ctx, s, job); err != nil {
 			return rep, err
 		}
-		defer s.Delete(context.WithoutCancel(ctx), probe)
+		defer s.Delete(context.WithoutCancel(ctx), clockKey(job))
 	}
 	now := func() time.Time {
 		if opts.Now != nil {

@@ -76,7 +76,7 @@ func GCPrefix(job string) string { return job + "/gc/" }
 
 func marksPrefix(job string) string { return GCPrefix(job) + "marks/" }
 func lockPrefix(job string) string  { return GCPrefix(job) + "lock/" }
-func clockPrefix(job string) string { return GCPrefix(job) + "clock/" }
+func clockKey(job string) string    { return GCPrefix(job) + "clock" }
 
 // mark is the stored form of a mark: the objects one collection found
 // unreferenced and older than its grace, which a later collection deletes
@@ -227,34 +227,30 @@ func validHex(s string) bool {
 // storageNow reads storage's clock: it writes the job's clock probe and
 // returns the time storage gives it, with the local time taken just before.
 //
-// Each collection writes a probe of its own (concurrent collections of one
-// job, from many agents, must not read or delete each other's), which the
-// caller deletes when done; probes a killed collection left behind are
-// deleted by a later one once an hour old.
-func storageNow(ctx context.Context, s storage.Store, job string) (now time.Time, probe string, err error) {
-	var id [8]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return time.Time{}, "", err
-	}
-	probe = clockPrefix(job) + hex.EncodeToString(id[:])
-	if err := s.Put(ctx, probe, bytes.NewReader(nil), 0); err != nil {
-		return time.Time{}, "", fmt.Errorf("gc: read storage's clock: %w", err)
-	}
-	info, err := s.Stat(ctx, probe)
-	if err != nil {
-		return time.Time{}, "", fmt.Errorf("gc: read storage's clock: %w", err)
-	}
-	var stale []string
-	_ = s.List(ctx, clockPrefix(job), func(o storage.ObjectInfo) error {
-		if o.Key != probe && info.ModTime.Sub(o.ModTime) > time.Hour {
-			stale = append(stale, o.Key)
+// Collections of one job, from many agents, share the probe: one may
+// delete it (when it ends) between another's write and read, and that one
+// then writes it again. A probe a killed collection left is overwritten
+// and deleted by the next.
+func storageNow(ctx context.Context, s storage.Store, job string) (time.Time, error) {
+	var err error
+	for attempt := 0; attempt < 10; attempt++ {
+		if err = s.Put(ctx, clockKey(job), bytes.NewReader(nil), 0); err != nil {
+			return time.Time{}, fmt.Errorf("gc: read storage's clock: %w", err)
 		}
-		return nil
-	})
-	if len(stale) > 0 {
-		_ = s.Delete(ctx, stale...) // best effort: the next collection tries again
+		var info storage.ObjectInfo
+		if info, err = s.Stat(ctx, clockKey(job)); err == nil {
+			return info.ModTime, nil
+		}
+		if !errors.Is(err, storage.ErrNotFound) {
+			break
+		}
+		select { // another collection removed it: write it again
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case <-time.After(time.Duration(attempt+1) * 10 * time.Millisecond):
+		}
 	}
-	return info.ModTime, probe, nil
+	return time.Time{}, fmt.Errorf("gc: read storage's clock: %w", err)
 }
 
 // takeLock takes the job's deletion lock: the next generation of

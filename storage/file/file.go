@@ -183,17 +183,27 @@ func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size 
 	}
 	committed = true
 	if err := fsutil.SyncDir(dir); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			// Only an empty directory is removed: a concurrent Delete of
+			// this key came after the rename, and the object is gone as
+			// that Delete says.
+			return nil
+		}
 		return fmt.Errorf("put %s: fsync directory: %w", key, err)
 	}
 	return nil
 }
 
 // createTemp makes the directory and a temporary file in it, retrying when
-// a concurrent Delete removes the just-created empty directory.
+// a concurrent Delete removes a just-created empty directory (the file
+// itself, or a parent between MkdirAll's steps).
 func createTemp(dir, base string) (*os.File, error) {
 	var err error
-	for range 5 {
+	for range 20 {
 		if err = os.MkdirAll(dir, 0o755); err != nil {
+			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrExist) {
+				continue // a step of it removed, or made, by another at once
+			}
 			return nil, err
 		}
 		var f *os.File
