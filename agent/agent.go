@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -291,6 +292,10 @@ type Agent struct {
 	mu       sync.Mutex
 	tasks    map[string]*task
 	draining bool
+	// followed are the tasks this agent keeps warm copies of (StandbyFor,
+	// and those a follow request added); nudge starts a pass at once.
+	followed []string
+	nudge    chan struct{}
 
 	jobs       sync.WaitGroup // async phases and sweeps
 	jobsCtx    context.Context
@@ -360,6 +365,8 @@ func New(cfg Config) (*Agent, error) {
 		agentID:  host + "-" + hex.EncodeToString(id),
 		tasks:    map[string]*task{},
 		ready:    make(chan struct{}),
+		followed: slices.Clone(cfg.StandbyFor),
+		nudge:    make(chan struct{}, 1),
 	}, nil
 }
 
@@ -481,7 +488,7 @@ func (a *Agent) background(ctx context.Context) {
 		a.jobs.Add(1)
 		go a.scrubs(ctx)
 	}
-	if len(a.cfg.StandbyFor) > 0 && a.cfg.Standby != nil {
+	if a.cfg.Standby != nil {
 		a.jobs.Add(1)
 		go a.standbys(ctx)
 	}
@@ -719,6 +726,8 @@ func (a *Agent) handle(ctx context.Context, c *conn, req protocol.Request) {
 		a.abort(c, req)
 	case "restore":
 		a.restore(ctx, c, req)
+	case "follow":
+		a.follow(c, req)
 	}
 }
 

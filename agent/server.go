@@ -165,7 +165,7 @@ func (c *conn) send(ev protocol.Event) {
 
 // ops are the label values of ckpt_requests_total's op: a peer must not be
 // able to mint new series.
-var ops = map[string]bool{"hello": true, "status": true, "checkpoint": true, "abort": true, "restore": true}
+var ops = map[string]bool{"hello": true, "status": true, "checkpoint": true, "abort": true, "restore": true, "follow": true}
 
 // metricOp is req's op as a metric label.
 func metricOp(op string) string {

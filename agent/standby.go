@@ -2,7 +2,10 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"time"
+
+	"github.com/ckpt-io/ckpt/protocol"
 
 	"github.com/ckpt-io/ckpt/telemetry"
 )
@@ -18,7 +21,10 @@ func (a *Agent) standbys(ctx context.Context) {
 	tick := time.NewTicker(a.cfg.StandbyInterval)
 	defer tick.Stop()
 	for {
-		for _, task := range a.cfg.StandbyFor {
+		a.mu.Lock()
+		followed := slices.Clone(a.followed)
+		a.mu.Unlock()
+		for _, task := range followed {
 			if !a.waitIdle(ctx) {
 				return
 			}
@@ -57,8 +63,35 @@ func (a *Agent) standbys(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case <-a.nudge:
 		}
 	}
+}
+
+// follow answers a follow request: the task joins the tasks this agent
+// keeps a warm copy of, and a refresh starts at once. A task this agent
+// serves is owned here, not followed (conflict); an agent with no standby
+// service (node-agent mode) answers unavailable. In node-agent mode the
+// task and job are the tenant's, or the request was refused before this.
+func (a *Agent) follow(c *conn, req protocol.Request) {
+	if a.cfg.Standby == nil {
+		c.send(protocol.Event{Event: "error", ID: req.ID, Task: req.Task, Error: errorf(protocol.CodeUnavailable, "this agent keeps no warm standbys (node-agent mode); run a sidecar agent with --standby-for")})
+		return
+	}
+	if a.serves(req.Task) {
+		c.send(protocol.Event{Event: "error", ID: req.ID, Task: req.Task, Error: errorf(protocol.CodeConflict, "this agent serves task %s: it owns it and does not follow it", req.Task)})
+		return
+	}
+	a.mu.Lock()
+	if !slices.Contains(a.followed, req.Task) {
+		a.followed = append(a.followed, req.Task)
+	}
+	a.mu.Unlock()
+	select {
+	case a.nudge <- struct{}{}:
+	default:
+	}
+	c.send(protocol.Event{Event: "following", ID: req.ID, Task: req.Task})
 }
 
 // waitIdle waits until no checkpoint of this agent is in its async phase

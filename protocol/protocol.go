@@ -213,10 +213,12 @@ func DecodeRequest(line []byte) (Request, *Error) {
 		if r.JobConsistent && r.Checkpoint != 0 {
 			return r, Errorf(CodeBadRequest, "job_consistent picks the checkpoint: do not give checkpoint too")
 		}
+	case "follow":
+		return r, needTask()
 	case "":
-		return r, Errorf(CodeBadRequest, `missing "op" (one of hello, checkpoint, abort, status, restore)`)
+		return r, Errorf(CodeBadRequest, `missing "op" (one of hello, checkpoint, abort, status, restore, follow)`)
 	default:
-		return r, Errorf(CodeBadRequest, "unknown op %q (one of hello, checkpoint, abort, status, restore)", r.Op)
+		return r, Errorf(CodeBadRequest, "unknown op %q (one of hello, checkpoint, abort, status, restore, follow)", r.Op)
 	}
 	return r, nil
 }

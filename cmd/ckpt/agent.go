@@ -286,7 +286,9 @@ func runAgent(ctx context.Context, args []string) error {
 			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
 		}
 	}
-	if len(o.followed) > 0 {
+	{
+		// Warm standbys: the tasks of --standby-for, and any a follow
+		// request names.
 		standbyStore := ratelimit.New(base, ratelimit.Limits{Download: o.standbyRate})
 		cfg.StandbyFor, cfg.StandbyInterval = o.followed, o.standbyEvery
 		// With --drill-interval, the failover restore from each copy is
