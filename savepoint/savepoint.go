@@ -299,8 +299,11 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	if old != nil && !o.Overwrite {
-		return nil, fmt.Errorf("%w: %s holds a savepoint of %s/%s checkpoint %d taken %s; give --overwrite to replace it, or another target",
-			ErrExists, o.Target, old.Job, old.Origin.Task, old.Checkpoint, old.Taken.Format(time.RFC3339))
+		what := "a savepoint whose record does not read"
+		if old.Job != "" {
+			what = fmt.Sprintf("a savepoint of %s/%s checkpoint %d taken %s", old.Job, old.Origin.Task, old.Checkpoint, old.Taken.Format(time.RFC3339))
+		}
+		return nil, fmt.Errorf("%w: %s holds %s; give --overwrite to replace it, or another target", ErrExists, o.Target, what)
 	}
 
 	n, tasks, err := choose(ctx, o)
@@ -405,7 +408,7 @@ func existing(ctx context.Context, s storage.Store) (*Record, error) {
 	}
 	r, err := decode(data)
 	if err != nil {
-		return &Record{Job: "?", Origin: Origin{Task: "?"}}, nil // unreadable: still a savepoint to replace only on purpose
+		return &Record{}, nil // unreadable: still a savepoint, replaced only on purpose (and naming nothing to drop)
 	}
 	return r, nil
 }

@@ -94,18 +94,22 @@ type Unwrapper interface {
 }
 
 // AsCleaner finds an IncompleteCleaner in s or the stores it wraps.
-func AsCleaner(s Store) (IncompleteCleaner, bool) {
+func AsCleaner(s Store) (IncompleteCleaner, bool) { return find[IncompleteCleaner](s) }
+
+// find returns the first of s and the stores it wraps that implements T.
+func find[T any](s Store) (T, bool) {
 	for s != nil {
-		if c, ok := s.(IncompleteCleaner); ok {
+		if c, ok := s.(T); ok {
 			return c, true
 		}
 		u, ok := s.(Unwrapper)
 		if !ok {
-			return nil, false
+			break
 		}
 		s = u.Unwrap()
 	}
-	return nil, false
+	var zero T
+	return zero, false
 }
 
 // Copier is implemented by stores that can copy an object of another
@@ -121,19 +125,7 @@ type Copier interface {
 }
 
 // AsCopier finds a Copier in s or the stores it wraps.
-func AsCopier(s Store) (Copier, bool) {
-	for s != nil {
-		if c, ok := s.(Copier); ok {
-			return c, true
-		}
-		u, ok := s.(Unwrapper)
-		if !ok {
-			return nil, false
-		}
-		s = u.Unwrap()
-	}
-	return nil, false
-}
+func AsCopier(s Store) (Copier, bool) { return find[Copier](s) }
 
 // Innermost returns the store that s's decorators wrap: the backend.
 func Innermost(s Store) Store {
