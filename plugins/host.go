@@ -507,6 +507,27 @@ func (t *tail) contains(s string) bool {
 	return bytes.Contains(t.b, []byte(s))
 }
 
+// settledLastLine is lastLine once the tail stopped growing for a moment
+// (at most wait): a process that just exited may still have output in the
+// pipe that go-plugin copies into the tail.
+func (t *tail) settledLastLine(wait time.Duration) string {
+	size := func() int {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		return len(t.b)
+	}
+	deadline := time.Now().Add(wait)
+	for n := size(); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		m := size()
+		if m == n && m > 0 {
+			break
+		}
+		n = m
+	}
+	return t.lastLine()
+}
+
 // lastLine returns the last non-empty line, or for a Go panic its first
 // line ("panic: ...").
 func (t *tail) lastLine() string {
