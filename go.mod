@@ -18,6 +18,7 @@ require (
 	github.com/hashicorp/go-plugin v1.8.0
 	github.com/linxGnu/grocksdb v1.7.14
 	github.com/prometheus/client_golang v1.24.1
+	github.com/zeebo/blake3 v0.2.4
 	go.opentelemetry.io/contrib/exporters/autoexport v0.71.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0

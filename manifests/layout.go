@@ -8,7 +8,8 @@ import (
 
 // The storage layout of a job, under the store's prefix:
 //
-//	<job>/shared/<hh>/<sha256>-<size>          shared files, content-addressed
+//	<job>/shared/<hh>/<sha256>-<size>          shared files, content-addressed (SHA-256)
+//	<job>/shared/<hh>/b3-<blake3>-<size>       shared files, content-addressed (BLAKE3)
 //	<job>/tasks/<task>/chk/<N:020>/manifest    written last: the checkpoint exists iff it does
 //	<job>/tasks/<task>/chk/<N:020>/retired     retention marker; its time starts the GC grace
 //	<job>/tasks/<task>/chk/<N:020>/private/<name>
@@ -27,12 +28,14 @@ import (
 // SharedPrefix is the prefix of every shared object of a job.
 func SharedPrefix(job string) string { return job + "/shared/" }
 
-// SharedKey is the content address of a shared file.
-func SharedKey(job, sha string, size int64) string {
-	if len(sha) < 2 {
-		return SharedPrefix(job) + "xx/" + ContentID(sha, size)
+// SharedKey is the content address of a shared file of the given digest
+// (see digest.go) and size.
+func SharedKey(job, digest string, size int64) string {
+	h := hexOf(digest)
+	if len(h) < 2 {
+		return SharedPrefix(job) + "xx/" + ContentID(digest, size)
 	}
-	return SharedPrefix(job) + sha[:2] + "/" + ContentID(sha, size)
+	return SharedPrefix(job) + h[:2] + "/" + ContentID(digest, size)
 }
 
 // TasksPrefix is the prefix of every task's checkpoints of a job.

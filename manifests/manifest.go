@@ -21,8 +21,17 @@ import (
 	"time"
 )
 
-// FormatVersion is the manifest format this build writes and reads.
-const FormatVersion = 1
+// FormatVersion is the manifest format this build writes by default: 2, a
+// compact encoding whose new content ids are BLAKE3 (see codec.go). This
+// build reads formats 1 and 2; Manifest.Format chooses the one written, and
+// format 1 (JSON, SHA-256 only) is what a ckpt older than format 2 reads.
+const FormatVersion = 2
+
+// Formats this build reads and writes.
+const (
+	Format1 = 1 // JSON body, SHA-256 content ids
+	Format2 = 2 // compressed binary file table, BLAKE3 and SHA-256 ids side by side
+)
 
 // MaxManifestBytes bounds the size of a manifest this build will read.
 const MaxManifestBytes = 256 << 20
@@ -41,10 +50,13 @@ const (
 
 // File is one file of a checkpoint.
 type File struct {
-	Name   string `json:"name"`
-	Kind   Kind   `json:"kind"`
-	Size   int64  `json:"size"`
+	Name string `json:"name"`
+	Kind Kind   `json:"kind"`
+	Size int64  `json:"size"`
+	// SHA256 or BLAKE3 holds the file's hash (hex), exactly one of them:
+	// the algorithm is recorded per file (see digest.go).
 	SHA256 string `json:"sha256"`
+	BLAKE3 string `json:"blake3,omitempty"`
 	// Key is the object holding the bytes; empty when Inline holds them.
 	Key    string `json:"key,omitempty"`
 	Inline []byte `json:"inline,omitempty"`
@@ -53,14 +65,20 @@ type File struct {
 	Uploaded bool `json:"uploaded"`
 }
 
-// ContentID names a shared file's content: its SHA-256 and its size.
-func (f File) ContentID() string { return ContentID(f.SHA256, f.Size) }
+// ContentID names a shared file's content: its digest and its size.
+func (f File) ContentID() string { return ContentID(f.Digest(), f.Size) }
 
-// ContentID joins a hex SHA-256 and a size into a content id.
-func ContentID(sha string, size int64) string { return sha + "-" + strconv.FormatInt(size, 10) }
+// ContentID joins a digest (see digest.go) and a size into a content id.
+func ContentID(digest string, size int64) string {
+	return digest + "-" + strconv.FormatInt(size, 10)
+}
 
 // Manifest describes one complete checkpoint of one task.
 type Manifest struct {
+	// Format is the encoding Encode writes (0: FormatVersion) and Decode
+	// read. It is not part of the body.
+	Format int `json:"-"`
+
 	Job        string    `json:"job"`
 	Task       string    `json:"task"`
 	Checkpoint uint64    `json:"checkpoint"`
@@ -98,21 +116,52 @@ type envelope struct {
 	Body   json.RawMessage `json:"body"`
 }
 
-// Encode returns the stored form of m. It sets m.CheckpointSize to
-// objectBytes plus the length of the encoding itself.
+// Encode returns the stored form of m in m.Format (0: FormatVersion, which
+// it then records in m.Format). It sets m.CheckpointSize to objectBytes
+// plus the length of the encoding itself. Format 1 holds SHA-256 ids only:
+// a file with a BLAKE3 hash is an error there.
 func (m *Manifest) Encode(objectBytes int64) ([]byte, error) {
+	format := m.Format
+	if format == 0 {
+		format = FormatVersion
+	}
+	var table []byte
+	switch format {
+	case Format1:
+		for _, f := range m.Files {
+			if f.BLAKE3 != "" {
+				return nil, fmt.Errorf("encode manifest: format 1 cannot name the blake3 content of %q: write format 2 (or hash the file with sha256)", f.Name)
+			}
+		}
+	case Format2:
+		var err error
+		if table, err = m.encodeTable(); err != nil {
+			return nil, fmt.Errorf("encode manifest: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("encode manifest: unknown format %d (this ckpt writes formats 1 and 2)", format)
+	}
+	m.Format = format
 	var out []byte
 	size := objectBytes
 	// The manifest counts its own bytes; the length of the number can change
 	// the length of the encoding, so iterate to the fixed point (2-3 rounds).
+	// Only the small header changes between rounds: format 2's file table
+	// is compressed once.
 	for range 8 {
 		m.CheckpointSize = size
-		body, err := json.Marshal(m)
+		var body []byte
+		var err error
+		if format == Format1 {
+			body, err = json.Marshal(m)
+		} else {
+			body, err = m.encodeBody2(table)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("encode manifest: %w", err)
 		}
 		sum := sha256.Sum256(body)
-		out, err = json.Marshal(envelope{Format: FormatVersion, SHA256: hex.EncodeToString(sum[:]), Body: body})
+		out, err = json.Marshal(envelope{Format: format, SHA256: hex.EncodeToString(sum[:]), Body: body})
 		if err != nil {
 			return nil, fmt.Errorf("encode manifest: %w", err)
 		}
@@ -124,8 +173,9 @@ func (m *Manifest) Encode(objectBytes int64) ([]byte, error) {
 	return out, nil
 }
 
-// Decode parses and checks a stored manifest: format version, checksum, and
-// every field a restore or GC trusts (see Validate). Storage is not trusted.
+// Decode parses and checks a stored manifest of format 1 or 2: format
+// version, checksum, and every field a restore or GC trusts (see
+// Validate). Storage is not trusted.
 func Decode(data []byte) (*Manifest, error) {
 	if len(data) > MaxManifestBytes {
 		return nil, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", len(data), MaxManifestBytes)
@@ -134,15 +184,34 @@ func Decode(data []byte) (*Manifest, error) {
 	if err := json.Unmarshal(data, &env); err != nil {
 		return nil, fmt.Errorf("manifest is not valid JSON: %w", err)
 	}
-	if env.Format != FormatVersion {
-		return nil, fmt.Errorf("manifest format %d is not supported by this ckpt (it reads format %d); upgrade ckpt", env.Format, FormatVersion)
+	if env.Format != Format1 && env.Format != Format2 {
+		return nil, fmt.Errorf("manifest format %d is not supported by this ckpt (it reads formats 1 and 2); upgrade ckpt", env.Format)
 	}
 	sum := sha256.Sum256(env.Body)
 	if hex.EncodeToString(sum[:]) != env.SHA256 {
 		return nil, errors.New("manifest checksum mismatch: the manifest is corrupt or was tampered with")
 	}
+	var m *Manifest
+	var err error
+	if env.Format == Format1 {
+		m, err = decodeBody1(env.Body)
+	} else {
+		m, err = decodeBody2(env.Body)
+	}
+	if err != nil {
+		return nil, err
+	}
+	m.Format = env.Format
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// decodeBody1 parses format 1's JSON body.
+func decodeBody1(body []byte) (*Manifest, error) {
 	var m Manifest
-	dec := json.NewDecoder(bytes.NewReader(env.Body))
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&m); err != nil {
 		return nil, fmt.Errorf("manifest body: %w", err)
@@ -154,9 +223,6 @@ func Decode(data []byte) (*Manifest, error) {
 		if f.Kind == Private && f.Key == "" && f.Inline == nil && f.Size == 0 {
 			f.Inline = []byte{}
 		}
-	}
-	if err := m.Validate(); err != nil {
-		return nil, err
 	}
 	return &m, nil
 }
@@ -216,12 +282,15 @@ func (m *Manifest) Validate() error {
 			return fmt.Errorf("manifest of %s checkpoint %d: file %q listed twice", m.Task, m.Checkpoint, f.Name)
 		}
 		seen[f.Name] = true
-		if f.Size < 0 || !validSHA(f.SHA256) {
-			return fmt.Errorf("manifest: file %q: bad size or sha256", f.Name)
+		if f.Size < 0 || (f.SHA256 != "" && f.BLAKE3 != "") || !ValidDigest(f.Digest()) {
+			return fmt.Errorf("manifest: file %q: bad size or hash", f.Name)
+		}
+		if f.BLAKE3 != "" && m.Format == Format1 {
+			return fmt.Errorf("manifest: file %q: a format 1 manifest holds sha256 ids only", f.Name)
 		}
 		switch f.Kind {
 		case Shared:
-			if !isKeyOrFresh(f.Key, SharedKey(m.Job, f.SHA256, f.Size)) || f.Inline != nil {
+			if !isKeyOrFresh(f.Key, SharedKey(m.Job, f.Digest(), f.Size)) || f.Inline != nil {
 				return fmt.Errorf("manifest: shared file %q: key %q is not its content address", f.Name, f.Key)
 			}
 		case Private:
@@ -229,9 +298,8 @@ func (m *Manifest) Validate() error {
 				if f.Key != "" || int64(len(f.Inline)) != f.Size {
 					return fmt.Errorf("manifest: private file %q: inline bytes do not match its size", f.Name)
 				}
-				sum := sha256.Sum256(f.Inline)
-				if hex.EncodeToString(sum[:]) != f.SHA256 {
-					return fmt.Errorf("manifest: private file %q: inline bytes do not match its sha256", f.Name)
+				if err := f.Check(SumBytes(f.Alg(), f.Inline)); err != nil {
+					return fmt.Errorf("manifest: private file %q: inline bytes: %w", f.Name, err)
 				}
 			} else if !isKeyOrFresh(f.Key, PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, f.Name)) {
 				return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", f.Name, f.Key)
