@@ -83,6 +83,11 @@ type Config struct {
 	// UploadConcurrency bounds parallel hashing and transfers of one
 	// checkpoint (default 4).
 	UploadConcurrency int
+	// ManifestFormat is the manifest format written (default
+	// manifests.FormatVersion, 2: compact, new files hashed with BLAKE3).
+	// 1 writes what a ckpt older than format 2 reads (JSON, SHA-256 only):
+	// for a fleet that upgrades agent by agent. Both are always read.
+	ManifestFormat int
 	// MaxConcurrent bounds the checkpoints of one task in their async phase
 	// (default 1).
 	MaxConcurrent int
@@ -211,6 +216,12 @@ func (c *Config) defaults() error {
 	}
 	if c.UploadConcurrency == 0 {
 		c.UploadConcurrency = 4
+	}
+	if c.ManifestFormat == 0 {
+		c.ManifestFormat = manifests.FormatVersion
+	}
+	if c.ManifestFormat != manifests.Format1 && c.ManifestFormat != manifests.Format2 {
+		return fmt.Errorf("manifest format %d: this ckpt writes formats 1 and 2", c.ManifestFormat)
 	}
 	if c.MaxConcurrent == 0 {
 		c.MaxConcurrent = 1

@@ -467,7 +467,10 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 	ureq := uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Epoch: own.Epoch,
 		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
-		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence,
+		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence, Alg: manifests.BLAKE3,
+	}
+	if a.cfg.ManifestFormat == manifests.Format1 {
+		ureq.Alg = manifests.SHA256 // all format 1 can name
 	}
 	ck.at("uploading (hashing, transfers, presence checks)")
 	res, err := uploader.Upload(uctx, ureq)
@@ -503,7 +506,7 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 	m := &manifests.Manifest{
 		Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Parent: parent,
 		Created: time.Now().UTC(), Engine: engine, AgentID: a.agentID, Tasks: manifests.SortedTasks(req.Tasks),
-		Epoch: own.Epoch, Node: a.cfg.Node, Files: res.Files,
+		Epoch: own.Epoch, Node: a.cfg.Node, Files: res.Files, Format: a.cfg.ManifestFormat,
 		FilesUploaded: res.FilesUploaded, FilesReused: res.FilesReused,
 	}
 	for _, f := range res.Files {

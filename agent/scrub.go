@@ -2,8 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -173,7 +171,7 @@ func readBack(ctx context.Context, s storage.Store, lim *rate.Limiter, f manifes
 		return 0, "", err
 	}
 	defer rc.Close()
-	h := sha256.New()
+	h := f.NewHasher()
 	n, err := io.CopyBuffer(h, &limitedReader{ctx: ctx, r: rc, lim: lim}, make([]byte, scrubChunk))
 	if err != nil {
 		return n, "", err
@@ -181,8 +179,8 @@ func readBack(ctx context.Context, s storage.Store, lim *rate.Limiter, f manifes
 	if n != f.Size {
 		return n, fmt.Sprintf("size %d, manifest says %d", n, f.Size), nil
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
-		return n, fmt.Sprintf("sha256 %s, manifest says %s", got, f.SHA256), nil
+	if err := f.Check(h.Digest()); err != nil {
+		return n, err.Error(), nil
 	}
 	return n, "", nil
 }
@@ -211,7 +209,7 @@ func (l *limitedReader) Read(p []byte) (int, error) {
 }
 
 // heal writes f's object again from a local copy of this agent holding
-// the same content (size and SHA-256, verified by hashing before and
+// the same content (size and hash, verified by hashing before and
 // during the upload), and returns the local file used. The local store
 // keeps the latest complete checkpoint of each task.
 func (a *Agent) heal(ctx context.Context, f manifests.File) (string, error) {
@@ -229,11 +227,11 @@ func (a *Agent) heal(ctx context.Context, f manifests.File) (string, error) {
 			continue
 		}
 		for _, lf := range l.Manifest.Files {
-			if lf.Size != f.Size || lf.SHA256 != f.SHA256 {
+			if lf.Size != f.Size || lf.Digest() != f.Digest() {
 				continue
 			}
 			p := l.Path(lf.Name)
-			if err := uploader.PutVerified(ctx, a.cfg.Store, f.Key, p, f.Size, f.SHA256); err != nil {
+			if err := uploader.PutVerified(ctx, a.cfg.Store, f.Key, p, f.Size, f.Digest()); err != nil {
 				errs = append(errs, err)
 				continue
 			}

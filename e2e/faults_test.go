@@ -44,7 +44,7 @@ func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t 
 		direct.requireObjectsOf(t, m)
 		want := fileHashes(t, snap)
 		for _, f := range m.Files {
-			if want[f.Name] != fmt.Sprintf("%s-%d", f.SHA256, f.Size) {
+			if want[f.Name] != f.ContentID() {
 				t.Errorf("checkpoint %d: the manifest's %s does not match the snapshot", n, f.Name)
 			}
 		}

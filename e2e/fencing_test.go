@@ -145,7 +145,7 @@ func TestTwoAgentsCommittingTheSameCheckpointExactlyOneWinsOnEveryBackend(t *tes
 				t.Errorf("round %d: the stored manifest names %d files, the winner's snapshot has %d", round, len(m.Files), len(want))
 			}
 			for _, f := range m.Files {
-				if want[f.Name] != fmt.Sprintf("%s-%d", f.SHA256, f.Size) {
+				if want[f.Name] != f.ContentID() {
 					t.Errorf("round %d: the stored manifest's %s is not the winner's", round, f.Name)
 				}
 			}

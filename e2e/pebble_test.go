@@ -217,7 +217,7 @@ func TestCorruptAndMissingLocalCopiesFallBackToStorageFileByFile(t *testing.T) {
 	m := readManifest(t, storageDir, job, task, 1)
 	want := fileHashes(t, snapshot)
 	for _, f := range m.Files {
-		if want[f.Name] != fmt.Sprintf("%s-%d", f.SHA256, f.Size) {
+		if want[f.Name] != f.ContentID() {
 			t.Fatalf("the local copy's %s does not match the manifest", f.Name)
 		}
 	}

@@ -704,7 +704,7 @@ func (l *Local) Hashes() map[Identity]string {
 	idx := make(map[Identity]string, len(l.ids))
 	for _, mf := range l.Manifest.Files {
 		if id, ok := l.ids[mf.Name]; ok {
-			idx[id] = mf.SHA256
+			idx[id] = mf.Digest()
 		}
 	}
 	return idx
@@ -725,7 +725,7 @@ func HashIndex(l *Local) map[Identity]string {
 		if err != nil || f == nil || f.Size != mf.Size {
 			continue
 		}
-		idx[f.ID()] = mf.SHA256
+		idx[f.ID()] = mf.Digest()
 	}
 	return idx
 }

@@ -2,8 +2,6 @@ package manifests
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"io"
 
@@ -58,7 +56,7 @@ func VerifyAll(ctx context.Context, s storage.Store, ms []*Manifest, parallelism
 			if f.Key == "" {
 				continue // inline: checked with the manifest's own checksum
 			}
-			w := want{f.Key, f.SHA256, f.Size}
+			w := want{f.Key, f.Digest(), f.Size}
 			if refs[w] == nil {
 				order = append(order, w)
 			}
@@ -99,7 +97,7 @@ func checkObject(ctx context.Context, s storage.Store, f File) (int64, string) {
 		return 0, fmt.Sprintf("missing or unreadable: %v", err)
 	}
 	defer rc.Close()
-	h := sha256.New()
+	h := f.NewHasher()
 	n, err := io.Copy(h, rc)
 	if err != nil {
 		return n, fmt.Sprintf("read failed after %d bytes: %v", n, err)
@@ -107,8 +105,8 @@ func checkObject(ctx context.Context, s storage.Store, f File) (int64, string) {
 	if n != f.Size {
 		return n, fmt.Sprintf("size %d, manifest says %d", n, f.Size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
-		return n, fmt.Sprintf("sha256 %s, manifest says %s", got, f.SHA256)
+	if err := f.Check(h.Digest()); err != nil {
+		return n, err.Error()
 	}
 	return n, ""
 }

@@ -9,7 +9,6 @@ package restore
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -411,7 +410,7 @@ func sameContent(m *manifests.Manifest, f manifests.File) bool {
 	}
 	for _, g := range m.Files {
 		if g.Name == f.Name {
-			return g.SHA256 == f.SHA256 && g.Size == f.Size
+			return g.Digest() == f.Digest() && g.Size == f.Size
 		}
 	}
 	return false
@@ -693,8 +692,8 @@ func fromLocal(local *localrecovery.Local, ldir, tmp *os.File, f manifests.File,
 		return false, nil
 	}
 	if !trustUnchanged || !local.UnchangedInfo(f.Name, fi) {
-		sum, _, err := fsutil.HashReader(context.Background(), in)
-		if err != nil || sum != f.SHA256 {
+		sum, _, err := manifests.HashReader(context.Background(), in, f.Alg())
+		if err != nil || f.Check(sum) != nil {
 			return false, nil
 		}
 		if _, err := in.Seek(0, io.SeekStart); err != nil {
@@ -766,7 +765,7 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 	}
 	out := os.NewFile(uintptr(fd), full)
 	defer out.Close()
-	h := sha256.New()
+	h := f.NewHasher()
 	w := io.MultiWriter(out, h)
 	var n int64
 	bp := fsutil.GetBuf()
@@ -799,8 +798,8 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 	if n != f.Size {
 		return fmt.Errorf("got %d bytes, the manifest says %d", n, f.Size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
-		return fmt.Errorf("sha256 %s does not match the manifest's %s: the stored object is corrupt", got, f.SHA256)
+	if err := f.Check(h.Digest()); err != nil {
+		return fmt.Errorf("%w: the stored object is corrupt", err)
 	}
 	// Each file is made durable by its own worker, in parallel. (One
 	// syncfs(2) for the whole tree would wait for every dirty page of the

@@ -8,7 +8,7 @@
 // last, its own record at Key:
 //
 //	savepoint.json                                      written last: the savepoint exists iff it does
-//	<job>/shared/<hh>/<sha256>-<size>                   copies of the shared objects
+//	<job>/shared/<hh>/<content id>                      copies of the shared objects
 //	<job>/tasks/<task>/chk/<N:020>/manifest[.e<epoch>]  copies of the manifests
 //	<job>/tasks/<task>/chk/<N:020>/private[.e<epoch>]/<name>
 //
@@ -257,7 +257,7 @@ type Result struct {
 type object struct {
 	key    string
 	size   int64
-	sha256 string
+	digest string // of the object's bytes, manifests.AlgOf says which hash
 	to     string
 }
 
@@ -342,7 +342,7 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 				continue
 			}
 			seen[f.Key] = true
-			objs = append(objs, object{key: f.Key, size: f.Size, sha256: f.SHA256})
+			objs = append(objs, object{key: f.Key, size: f.Size, digest: f.Digest()})
 		}
 	}
 	slices.SortFunc(objs, func(a, b object) int { return strings.Compare(a.key, b.key) })
@@ -523,7 +523,7 @@ func (c *copier) stream(ctx context.Context, ob object) error {
 	if err != nil {
 		return fmt.Errorf("savepoint: read %s from %s: %w", ob.key, c.o.Source, err)
 	}
-	h := sha256.New()
+	h := manifests.NewHasher(manifests.AlgOf(ob.digest))
 	buf := fsutil.GetBuf()
 	n, err := io.CopyBuffer(io.MultiWriter(tmp, h), storage.ContextReader(ctx, r), *buf)
 	fsutil.PutBuf(buf)
@@ -531,9 +531,9 @@ func (c *copier) stream(ctx context.Context, ob object) error {
 	if err != nil {
 		return fmt.Errorf("savepoint: read %s from %s: %w", ob.key, c.o.Source, err)
 	}
-	if n != ob.size || hex.EncodeToString(h.Sum(nil)) != ob.sha256 {
+	if n != ob.size || h.Digest() != ob.digest {
 		return fmt.Errorf("savepoint: %s in the job's storage %s is damaged (%d bytes, checksum mismatch: %v): the checkpoint cannot be saved; run ckpt verify on the job",
-			ob.key, c.o.Source, n, hex.EncodeToString(h.Sum(nil)) != ob.sha256)
+			ob.key, c.o.Source, n, h.Digest() != ob.digest)
 	}
 	if _, err := tmp.Seek(0, io.SeekStart); err != nil {
 		return err
@@ -548,19 +548,19 @@ func (c *copier) stream(ctx context.Context, ob object) error {
 }
 
 // verify reads ob back from s (the target) and checks its size and
-// SHA-256.
+// hash.
 func verify(ctx context.Context, s storage.Store, ob object) error {
 	r, err := s.Get(ctx, ob.dst())
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	sum, n, err := fsutil.HashReader(ctx, r)
+	sum, n, err := manifests.HashReader(ctx, r, manifests.AlgOf(ob.digest))
 	if err != nil {
 		return err
 	}
-	if n != ob.size || sum != ob.sha256 {
-		return fmt.Errorf("%s in %s holds %d bytes with SHA-256 %.12s…, want %d bytes with %.12s…", ob.dst(), s, n, sum, ob.size, ob.sha256)
+	if n != ob.size || sum != ob.digest {
+		return fmt.Errorf("%s in %s holds %d bytes with %s %.15s…, want %d bytes with %.15s…", ob.dst(), s, n, manifests.AlgOf(ob.digest), sum, ob.size, ob.digest)
 	}
 	return nil
 }
@@ -706,13 +706,13 @@ func Seed(ctx context.Context, o SeedOptions) (*manifests.Manifest, error) {
 		switch {
 		case f.Key == "":
 		case f.Kind == manifests.Shared:
-			g.Key = manifests.SharedKey(o.Job, f.SHA256, f.Size)
+			g.Key = manifests.SharedKey(o.Job, f.Digest(), f.Size)
 		default:
 			g.Key = manifests.PrivateKey(o.Job, e.Task, m.Checkpoint, f.Name)
 		}
 		g.Uploaded = true
 		if g.Key != "" {
-			objs = append(objs, object{key: f.Key, size: f.Size, sha256: f.SHA256, to: g.Key})
+			objs = append(objs, object{key: f.Key, size: f.Size, digest: f.Digest(), to: g.Key})
 			written += f.Size
 		}
 		seeded.Files[i] = g

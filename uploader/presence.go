@@ -293,7 +293,7 @@ func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Gua
 			// The fresh key extends the file's usual key (the marked one
 			// may be a fresh key already).
 			f := res.Files[byKey[key][0]]
-			usual := manifests.SharedKey(req.Job, f.SHA256, f.Size)
+			usual := manifests.SharedKey(req.Job, f.Digest(), f.Size)
 			if f.Kind == manifests.Private {
 				usual = manifests.PrivateKey(req.Job, req.Task, req.Checkpoint, f.Name)
 			}
@@ -311,12 +311,12 @@ func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Gua
 						lf = x
 					}
 				}
-				sha, err := putFile(gctx, req.Store, fresh, req.Snapshot.Path(f.Name), lf, true)
+				sha, err := putFile(gctx, req.Store, fresh, req.Snapshot.Path(f.Name), lf, f.Alg())
 				if err != nil {
 					return fmt.Errorf("upload %s under a new key (%s is marked for deletion): %w", f.Name, key, err)
 				}
-				if sha != f.SHA256 {
-					return fmt.Errorf("upload %s again: its bytes hash to %s, not %s: snapshot files must be immutable", f.Name, sha, f.SHA256)
+				if err := f.Check(sha); err != nil {
+					return fmt.Errorf("upload %s again: %w: snapshot files must be immutable", f.Name, err)
 				}
 				if f.Kind == manifests.Shared {
 					req.Presence.Saw(fresh, f.Size, time.Now())

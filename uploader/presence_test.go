@@ -61,7 +61,7 @@ func TestTheSizeCheckCatchesTruncatedAndDeletedObjectsWithoutRehashing(t *testin
 			for i, f := range res.Files {
 				if f.Kind == manifests.Shared {
 					confirmed[f.ContentID()] = f.Key
-					hashes[sn.Files[i].ID()] = f.SHA256
+					hashes[sn.Files[i].ID()] = f.Digest()
 					keys = append(keys, f.Key)
 				}
 			}

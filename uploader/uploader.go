@@ -8,12 +8,9 @@ package uploader
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"github.com/ckpt-io/ckpt/engines"
 	"go.opentelemetry.io/otel"
-	"hash"
 	"io"
 	"os"
 	"sort"
@@ -24,7 +21,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckpt-io/ckpt/internal/failpoint"
-	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -53,6 +49,12 @@ type Request struct {
 	// Hashes holds already known hashes by inode identity (see
 	// localrecovery.HashIndex); files found there are not read at all.
 	Hashes map[localrecovery.Identity]string
+	// Alg hashes the files whose hash is not known (default
+	// manifests.BLAKE3, format 2's). A known hash of another algorithm
+	// (Hashes) is kept, so the content id of a file stored before a change
+	// of algorithm stays the same and its object is reused; with
+	// manifests.SHA256 (format 1) known BLAKE3 hashes are not used.
+	Alg manifests.Alg
 	// Concurrency bounds parallel hashing and transfers (default 4).
 	Concurrency int
 	// InlineMax is the largest private file kept inline (default 64 KiB).
@@ -91,12 +93,15 @@ type Result struct {
 // as orphans for GC: they are never referenced by a manifest.
 //
 // Each file goes through one pipeline in its own worker: identify (the
-// inode index, or a streaming SHA-256), decide (reuse a confirmed object,
+// inode index, or a streaming hash of Request.Alg), decide (reuse a confirmed object,
 // or claim the upload of its content), transfer. Hashing one file overlaps
 // the upload of another; no phase waits for all files.
 func Upload(ctx context.Context, req Request) (*Result, error) {
 	if req.Concurrency < 1 {
 		req.Concurrency = 4
+	}
+	if req.Alg == 0 {
+		req.Alg = manifests.BLAKE3
 	}
 	if req.InlineMax <= 0 {
 		req.InlineMax = DefaultInlineMax
@@ -181,12 +186,12 @@ func (u *upload) replace(ctx context.Context, idx []int) error {
 			lf = x
 		}
 	}
-	sha, err := putFile(ctx, u.req.Store, f.Key, u.req.Snapshot.Path(f.Name), lf, true)
+	sha, err := putFile(ctx, u.req.Store, f.Key, u.req.Snapshot.Path(f.Name), lf, f.Alg())
 	if err != nil {
 		return fmt.Errorf("upload %s again: %w", f.Name, err)
 	}
-	if sha != f.SHA256 {
-		return fmt.Errorf("upload %s again: its bytes hash to %s, not %s: snapshot files must be immutable", f.Name, sha, f.SHA256)
+	if err := f.Check(sha); err != nil {
+		return fmt.Errorf("upload %s again: %w: snapshot files must be immutable", f.Name, err)
 	}
 	u.req.Presence.Saw(f.Key, f.Size, time.Now())
 	u.tally(func(r *Result) {
@@ -273,23 +278,25 @@ func (u *upload) file(ctx context.Context, lf localrecovery.File, f *manifests.F
 // computed now) and sends its object unless dedup finds it stored.
 func (u *upload) shared(ctx context.Context, path string, lf localrecovery.File, f *manifests.File) (body, error) {
 	var b body
-	if sha, ok := u.req.Hashes[lf.ID()]; ok {
-		f.SHA256 = sha
+	if d, ok := u.req.Hashes[lf.ID()]; ok && (u.req.Alg != manifests.SHA256 || manifests.AlgOf(d) == manifests.SHA256) {
+		f.SetDigest(d)
 		u.tally(func(r *Result) { r.HashesReused++ })
 	} else {
+		var d string
 		var err error
 		if lf.Size <= bufferedMax {
 			// Read once: the hash and the upload take the same bytes.
-			b.data, f.SHA256, b.release, err = readBuffered(path, lf)
+			b.data, d, b.release, err = readBuffered(path, lf, u.req.Alg)
 		} else {
-			f.SHA256, err = hashFile(ctx, path, lf.Size)
+			d, err = hashFile(ctx, path, lf.Size, u.req.Alg)
 		}
 		if err != nil {
 			return body{}, err
 		}
+		f.SetDigest(d)
 		u.tally(func(r *Result) { r.BytesHashed += lf.Size })
 	}
-	f.Key = manifests.SharedKey(u.req.Job, f.SHA256, f.Size)
+	f.Key = manifests.SharedKey(u.req.Job, f.Digest(), f.Size)
 	if u.dedup(f) {
 		b.key = f.Key
 	}
@@ -326,8 +333,8 @@ func (u *upload) inline(path string, lf localrecovery.File, f *manifests.File) e
 	if err != nil {
 		return err
 	}
-	sum := sha256.Sum256(data)
-	f.SHA256, f.Inline, f.Uploaded = hex.EncodeToString(sum[:]), data, true
+	f.SetDigest(manifests.SumBytes(u.req.Alg, data))
+	f.Inline, f.Uploaded = data, true
 	if f.Inline == nil {
 		f.Inline = []byte{}
 	}
@@ -342,10 +349,12 @@ func (u *upload) private(path string, lf localrecovery.File, f *manifests.File) 
 	f.Uploaded = true
 	b := body{key: f.Key}
 	if lf.Size <= bufferedMax {
+		var d string
 		var err error
-		if b.data, f.SHA256, b.release, err = readBuffered(path, lf); err != nil {
+		if b.data, d, b.release, err = readBuffered(path, lf, u.req.Alg); err != nil {
 			return body{}, err
 		}
+		f.SetDigest(d)
 	}
 	u.tally(func(r *Result) { r.FilesUploaded++ })
 	return b, nil
@@ -365,7 +374,11 @@ func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.Fil
 	if b.data != nil {
 		err = putBuffered(ctx, u.req.Store, b.key, path, lf, b.data)
 	} else {
-		sha, err = putFile(ctx, u.req.Store, b.key, path, lf, f.SHA256 == "")
+		alg := manifests.Alg(0) // hash only what has no hash yet
+		if f.Digest() == "" {
+			alg = u.req.Alg
+		}
+		sha, err = putFile(ctx, u.req.Store, b.key, path, lf, alg)
 	}
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", f.Name, err)
@@ -374,8 +387,8 @@ func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.Fil
 	if f.Kind == manifests.Shared {
 		u.req.Presence.Saw(b.key, f.Size, time.Now())
 	}
-	if f.SHA256 == "" {
-		f.SHA256 = sha
+	if f.Digest() == "" {
+		f.SetDigest(sha)
 	}
 	u.tally(func(r *Result) { r.BytesWritten += f.Size })
 	return nil
@@ -401,10 +414,10 @@ const bufferedMax = 4 << 20
 var bigBufs = sync.Pool{New: func() any { b := make([]byte, bufferedMax); return &b }}
 
 // readBuffered reads the file the snapshot listed as lf whole into a pooled
-// buffer and hashes it; release gives the buffer back. It fails if the file
+// buffer and hashes it with alg; release gives the buffer back. It fails if the file
 // is not that one any more (size or mtime moved) or does not hold exactly
 // lf.Size bytes.
-func readBuffered(path string, lf localrecovery.File) (data []byte, sha string, release func(), err error) {
+func readBuffered(path string, lf localrecovery.File, alg manifests.Alg) (data []byte, sha string, release func(), err error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, "", nil, err
@@ -429,13 +442,12 @@ func readBuffered(path string, lf localrecovery.File) (data []byte, sha string, 
 		release()
 		return nil, "", nil, fmt.Errorf("read %s: longer than the snapshot's %d bytes: snapshot files must be immutable", path, lf.Size)
 	}
-	sum := sha256.Sum256(buf)
-	return buf, hex.EncodeToString(sum[:]), release, nil
+	return buf, manifests.SumBytes(alg, buf), release, nil
 }
 
-// hashFile streams a file through SHA-256 and checks its size.
-func hashFile(ctx context.Context, path string, size int64) (string, error) {
-	sha, n, err := fsutil.HashFile(ctx, path)
+// hashFile streams a file through alg and checks its size.
+func hashFile(ctx context.Context, path string, size int64, alg manifests.Alg) (string, error) {
+	sha, n, err := manifests.HashFile(ctx, path, alg)
 	if err != nil {
 		return "", err
 	}
@@ -456,15 +468,16 @@ func readSmall(path string, size int64) ([]byte, error) {
 	return data, nil
 }
 
-// putFile uploads a file. With hashing, it returns the SHA-256 of the
-// bytes the backend read in its last full pass (private files are hashed
+// putFile uploads a file. With an alg (0: no hashing), it returns the
+// digest of the bytes the backend read in its last full pass (private files are hashed
 // as they go up), re-reading the file if the backend did not read it in one
 // pass. It fails if the file is not the one the snapshot listed, or was
 // written during the upload (its size or mtime moved): immutable files are
 // not, and a content-addressed key must name exactly the bytes stored.
 // (ctime is no witness: every hard link the app's next snapshot makes to
 // the same inode moves it.)
-func putFile(ctx context.Context, s storage.Store, key, path string, lf localrecovery.File, hashing bool) (string, error) {
+func putFile(ctx context.Context, s storage.Store, key, path string, lf localrecovery.File, alg manifests.Alg) (string, error) {
+	hashing := alg != 0
 	f, err := os.Open(path)
 	if err != nil {
 		return "", err
@@ -480,7 +493,7 @@ func putFile(ctx context.Context, s storage.Store, key, path string, lf localrec
 	var body io.ReadSeeker = f
 	var hr *hashingReader
 	if hashing {
-		hr = &hashingReader{r: f, h: sha256.New(), valid: true}
+		hr = &hashingReader{r: f, h: manifests.NewHasher(alg), valid: true}
 		body = hr
 	}
 	if err := s.Put(ctx, key, body, lf.Size); err != nil {
@@ -497,9 +510,9 @@ func putFile(ctx context.Context, s storage.Store, key, path string, lf localrec
 		return "", nil
 	}
 	if !hr.valid || hr.pos != lf.Size {
-		return hashFile(ctx, path, lf.Size)
+		return hashFile(ctx, path, lf.Size, alg)
 	}
-	return hex.EncodeToString(hr.h.Sum(nil)), nil
+	return hr.h.Digest(), nil
 }
 
 // hashingReader hashes what a backend reads, so an upload proves that the
@@ -507,7 +520,7 @@ func putFile(ctx context.Context, s storage.Store, key, path string, lf localrec
 // any other seek makes the pass unverifiable (valid=false).
 type hashingReader struct {
 	r     io.ReadSeeker
-	h     hash.Hash
+	h     *manifests.Hasher
 	pos   int64
 	valid bool
 }
@@ -537,13 +550,14 @@ func (r *hashingReader) Seek(off int64, whence int) (int64, error) {
 }
 
 // PutVerified writes the local file at path as the object key, only if the
-// file holds exactly size bytes hashing to sha: it hashes the file first
+// file holds exactly size bytes hashing to the digest sha (of its
+// algorithm, see manifests.AlgOf): it hashes the file first
 // (nothing is written from a bad copy), then hashes what the store reads
 // as it uploads. A mismatch found during the upload is an error (the
 // object then holds what was read; the caller reports it as not healed).
 // It serves repairs of content-addressed objects from local copies.
 func PutVerified(ctx context.Context, s storage.Store, key, path string, size int64, sha string) error {
-	got, n, err := fsutil.HashFile(ctx, path)
+	got, n, err := manifests.HashFile(ctx, path, manifests.AlgOf(sha))
 	if err != nil {
 		return err
 	}
@@ -555,12 +569,12 @@ func PutVerified(ctx context.Context, s storage.Store, key, path string, size in
 		return err
 	}
 	defer f.Close()
-	hr := &hashingReader{r: f, h: sha256.New(), valid: true}
+	hr := &hashingReader{r: f, h: manifests.NewHasher(manifests.AlgOf(sha)), valid: true}
 	if err := s.Put(ctx, key, hr, size); err != nil {
 		return err
 	}
 	if hr.valid && hr.pos == size {
-		if sent := hex.EncodeToString(hr.h.Sum(nil)); sent != sha {
+		if sent := hr.h.Digest(); sent != sha {
 			return fmt.Errorf("%s changed while it was uploaded as %s", path, key)
 		}
 	}

@@ -109,12 +109,12 @@ func TestKnownInodesAreNotHashedAgain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hashes := map[localrecovery.Identity]string{sn.Files[0].ID(): first.Files[0].SHA256}
+	hashes := map[localrecovery.Identity]string{sn.Files[0].ID(): first.Files[0].Digest()}
 	res, err := uploader.Upload(context.Background(), uploader.Request{Store: st, Job: "job", Task: "t", Checkpoint: 2, Snapshot: sn, Hashes: hashes})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.HashesReused != 1 || res.BytesHashed != 7000 || res.Files[0].SHA256 != first.Files[0].SHA256 {
+	if res.HashesReused != 1 || res.BytesHashed != 7000 || res.Files[0].Digest() != first.Files[0].Digest() {
 		t.Fatalf("hash index unused: %+v", res)
 	}
 }

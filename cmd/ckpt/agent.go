@@ -63,6 +63,7 @@ type agentOptions struct {
 	grace, reuseMaxAge, gcInterval     time.Duration
 	scrubRate                          int64
 	conc, maxConc, maxQueued           int
+	manifestFormat                     int
 	shutdown, patience, ckptTimeout    time.Duration
 	uploadRate                         int64
 	metricsAddr                        string
@@ -101,6 +102,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.Int64Var(&o.scrubRate, "scrub-rate", 0, "background scrub: re-read and re-hash the job's live objects at up to this many bytes/s, healing damaged ones from local copies (0: off)")
 	fs.DurationVar(&o.gcInterval, "gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
 	fs.IntVar(&o.conc, "upload-concurrency", 4, "parallel hashing and transfers per checkpoint")
+	fs.IntVar(&o.manifestFormat, "manifest-format", manifests.FormatVersion, "manifest format to write: 2 (compact, BLAKE3 for new files) or 1 (what ckpt releases before format 2 read; keep it until every agent and restore of the job reads format 2)")
 	fs.IntVar(&o.maxConc, "max-concurrent", 1, "checkpoints per task in their async phase at once")
 	fs.IntVar(&o.maxQueued, "max-queued", 4, "synced checkpoints per task waiting for an async slot before requests are refused")
 	fs.DurationVar(&o.shutdown, "shutdown-grace", 30*time.Second, "time in-flight checkpoints get to finish on SIGTERM before they are aborted")
@@ -270,7 +272,7 @@ func runAgent(ctx context.Context, args []string) error {
 		Socket: o.socket, Store: st, Job: o.job, Node: o.node, LocalDir: o.localDir, AllowRoots: o.roots, Telemetry: tel,
 		AllowUIDs: o.uids, AllowGIDs: o.gids, MaxConnections: o.maxConns, IdleTimeout: idle,
 		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
-		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued,
+		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued, ManifestFormat: o.manifestFormat,
 		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {

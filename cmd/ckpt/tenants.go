@@ -69,7 +69,7 @@ func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.D
 		Socket: o.socket, Node: o.node, LocalDir: o.localDir, Telemetry: tel, Tenants: tenants,
 		MaxConnections: o.maxConns, IdleTimeout: idle,
 		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
-		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued,
+		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued, ManifestFormat: o.manifestFormat,
 		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
 		DrillInterval: o.drillEvery,
 	}
