@@ -33,7 +33,11 @@ type env struct {
 
 // setup checkpoints a snapshot of four files as checkpoint 3 of task t,
 // with a local copy, the way the agent does.
-func setup(t *testing.T) *env {
+func setup(t *testing.T) *env { return setupFormat(t, manifests.FormatVersion) }
+
+// setupFormat is setup writing the manifest in the given format (and
+// hashing with its algorithm, as the agent does).
+func setupFormat(t *testing.T, format int) *env {
 	base := t.TempDir()
 	e := &env{t: t, base: base, snap: filepath.Join(base, "snap"), target: filepath.Join(base, "restored", "db")}
 	e.store, _ = file.New(filepath.Join(base, "store"))
@@ -54,11 +58,15 @@ func setup(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := uploader.Upload(ctx, uploader.Request{Store: e.store, Job: "job", Task: "t", Checkpoint: 3, Snapshot: sn})
+	alg := manifests.BLAKE3
+	if format == manifests.Format1 {
+		alg = manifests.SHA256
+	}
+	res, err := uploader.Upload(ctx, uploader.Request{Store: e.store, Job: "job", Task: "t", Checkpoint: 3, Snapshot: sn, Alg: alg})
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := &manifests.Manifest{Job: "job", Task: "t", Checkpoint: 3, Created: time.Now(), Files: res.Files}
+	m := &manifests.Manifest{Job: "job", Task: "t", Checkpoint: 3, Created: time.Now(), Files: res.Files, Format: format}
 	for _, f := range res.Files {
 		m.FullSize += f.Size
 	}
@@ -156,7 +164,16 @@ func TestStartupGuards(t *testing.T) {
 }
 
 func TestACorruptObjectFailsLoudlyAndLeavesNoHalfStore(t *testing.T) {
-	e := setup(t)
+	for _, c := range []struct {
+		format int
+		alg    string
+	}{{manifests.Format1, "sha256"}, {manifests.Format2, "blake3"}} {
+		t.Run(c.alg, func(t *testing.T) { corruptObjectFailsLoudly(t, c.format, c.alg) })
+	}
+}
+
+func corruptObjectFailsLoudly(t *testing.T, format int, alg string) {
+	e := setupFormat(t, format)
 	m, _ := manifests.Load(context.Background(), e.store, "job", "t", 3)
 	var victim manifests.File
 	for _, f := range m.Files {
@@ -169,7 +186,7 @@ func TestACorruptObjectFailsLoudlyAndLeavesNoHalfStore(t *testing.T) {
 	b[100] ^= 0xff
 	os.WriteFile(p, b, 0o644)
 	_, err := e.run(restore.Options{})
-	if err == nil || !strings.Contains(err.Error(), "000002.sst") || !strings.Contains(err.Error(), "sha256") {
+	if err == nil || !strings.Contains(err.Error(), "000002.sst") || !strings.Contains(err.Error(), alg+" ") {
 		t.Fatalf("corrupt object: %v", err)
 	}
 	if _, err := os.Stat(e.target); !os.IsNotExist(err) {
@@ -187,7 +204,13 @@ func ino(p string) uint64 {
 }
 
 func TestLocalRestoreHardLinksAndFallsBackPerFile(t *testing.T) {
-	e := setup(t)
+	for _, format := range []int{manifests.Format1, manifests.Format2} {
+		t.Run(fmt.Sprint("format ", format), func(t *testing.T) { localRestoreFallsBackPerFile(t, format) })
+	}
+}
+
+func localRestoreFallsBackPerFile(t *testing.T, format int) {
+	e := setupFormat(t, format)
 	l := localCopy(t, e)
 	// Break the local copy: one SST corrupt (a fresh file, so the snapshot
 	// keeps its bytes), one private file missing.
@@ -216,7 +239,7 @@ func TestLocalRestoreHardLinksAndFallsBackPerFile(t *testing.T) {
 func TestAMaliciousManifestIsRefusedBeforeAnythingIsWritten(t *testing.T) {
 	for _, name := range []string{"../evil", "/abs/evil", "a/b", "x\x00y", ".."} {
 		t.Run(fmt.Sprintf("%q", name), func(t *testing.T) {
-			e := setup(t)
+			e := setupFormat(t, manifests.Format1) // its JSON body is edited below; format 2's in manifests
 			key := manifests.ManifestKey("job", "t", 3)
 			p := filepath.Join(e.store.Root(), key)
 			raw, _ := os.ReadFile(p)
