@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"github.com/ckpt-io/ckpt/client"
 	"github.com/ckpt-io/ckpt/internal/human"
 	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 )
 
@@ -330,6 +330,11 @@ func (r *run) restores(ctx context.Context, n uint64, exp *workload.Expected) er
 		floor := float64(fig.Bytes) / fig.SHA256BytesPerS * 1000 // ms
 		fig.SpeedupBound = round(fig.RemoteMS/floor, 4)
 	}
+	fig.BLAKE3BytesPerS = hashRate(manifests.BLAKE3)
+	if fig.BLAKE3BytesPerS > 0 && fig.RemoteMS > 0 {
+		floor := float64(fig.Bytes) / fig.BLAKE3BytesPerS * 1000 // ms
+		fig.SpeedupBoundBLAKE3 = round(fig.RemoteMS/floor, 4)
+	}
 	if len(errs) > 0 {
 		fig.Error = strings.Join(errs, "; ")
 		return errors.New(fig.Error)
@@ -350,9 +355,12 @@ func verifyStore(ctx context.Context, dir string, memTable uint64, exp *workload
 	return verr
 }
 
-// sha256Rate measures SHA-256 on every core at once, in bytes/s: the speed
+// sha256Rate is hashRate of SHA-256.
+func sha256Rate() float64 { return hashRate(manifests.SHA256) }
+
+// hashRate measures alg on every core at once, in bytes/s: the speed
 // limit of a restore that hashes every byte it restores.
-func sha256Rate() float64 {
+func hashRate(alg manifests.Alg) float64 {
 	workers := runtime.GOMAXPROCS(0)
 	const chunk, rounds = 1 << 20, 128
 	buf := make([]byte, chunk)
@@ -362,7 +370,7 @@ func sha256Rate() float64 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			h := sha256.New()
+			h := manifests.NewHasher(alg)
 			for range rounds {
 				h.Write(buf)
 			}
