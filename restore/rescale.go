@@ -600,7 +600,7 @@ func fetchScratch(ctx context.Context, s storage.Store, dir *os.File, f manifest
 	}
 	out := os.NewFile(uintptr(fd), filepath.Join(dir.Name(), f.Name))
 	defer out.Close()
-	h := sha256.New()
+	h := f.NewHasher()
 	bp := fsutil.GetBuf()
 	defer fsutil.PutBuf(bp)
 	n, err := io.CopyBuffer(io.MultiWriter(out, h), io.LimitReader(r, f.Size+1), *bp)
@@ -610,8 +610,8 @@ func fetchScratch(ctx context.Context, s storage.Store, dir *os.File, f manifest
 	if n != f.Size {
 		return fmt.Errorf("got %d bytes or more, the manifest says %d", n, f.Size)
 	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
-		return fmt.Errorf("sha256 %s does not match the manifest's %s: the stored object is corrupt", got, f.SHA256)
+	if err := f.Check(h.Digest()); err != nil {
+		return fmt.Errorf("%w: the stored object is corrupt", err)
 	}
 	return out.Close()
 }
