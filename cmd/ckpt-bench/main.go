@@ -76,7 +76,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	ckptExe := fs.String("ckpt", "", "the ckpt binary to run as `ckpt agent` (default: built from the ckpt repository around the working directory or this binary, else the ckpt beside this binary, else the one on PATH)")
 	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
-	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with SHA-256 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
+	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with BLAKE3 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
 	copyLoad := fs.String("copy-load", "", "copy the new files of each checkpoint directory named on stdin into DIR, answer on stdout, and do nothing else: the shipping control the app-throughput section runs beside the app")
 	usage := func(w io.Writer) {
 		fmt.Fprintf(w, "ckpt-bench: the benchmark lab of ckpt (incremental checkpoints of LSM stores to object storage).\n\n")

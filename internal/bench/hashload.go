@@ -2,13 +2,15 @@ package bench
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"time"
+
+	"github.com/ckpt-io/ckpt/manifests"
 )
 
-// HashLoad hashes bytesPerS bytes a second with SHA-256, in slices of 10 ms,
-// until ctx ends, and does nothing else. It is the app-throughput section's
+// HashLoad hashes bytesPerS bytes a second with BLAKE3 (the agent's hash of
+// new files in manifest format 2), in slices of 10 ms, until ctx ends, and
+// does nothing else. It is the app-throughput section's
 // CPU control: run as its own process beside the app, it costs what the
 // least work any agent storing content-addressed objects does (every byte
 // it ships hashed once, no reading, no writing) costs. A slice it falls
@@ -23,7 +25,7 @@ func HashLoad(ctx context.Context, bytesPerS int64) error {
 	for i := range buf {
 		buf[i] = byte(i * 7)
 	}
-	h := sha256.New()
+	h := manifests.NewHasher(manifests.BLAKE3)
 	tick := time.NewTicker(slice)
 	defer tick.Stop()
 	for {
