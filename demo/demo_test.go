@@ -59,8 +59,10 @@ func TestDemoJSON(t *testing.T) {
 		if c.Checkpoint != uint64(i+1) || c.FullSize <= 0 || c.CheckpointSize <= 0 {
 			t.Errorf("checkpoint %d: %+v", i+1, c)
 		}
-		if i == 0 && c.CheckpointSize < c.FullSize {
-			t.Errorf("first checkpoint: size %d below full size %d, but there was nothing to reuse", c.CheckpointSize, c.FullSize)
+		// (The first checkpoint's size may be below its full size: format 2
+		// manifests hold small private files compressed.)
+		if i == 0 && c.FilesReused != 0 {
+			t.Errorf("first checkpoint reused %d files, but there was nothing to reuse", c.FilesReused)
 		}
 		if i > 0 && c.CheckpointSize >= c.FullSize {
 			t.Errorf("checkpoint %d: size %d not below full size %d: nothing was reused", c.Checkpoint, c.CheckpointSize, c.FullSize)

@@ -486,8 +486,10 @@ func TestTheIssuesDoneWhenScenarioHoldsOnEveryBackend(t *testing.T) {
 		t.Logf("%s checkpoint 2: new bytes %d, the server's data dir grew %d B of object files (%.4fx the new bytes; %.4fx with the %d B of xattr metadata it added); bookkeeping files: %d (%d B) -> %d (%d B) %v; reported checkpoint_size %d (%.4fx), full_size %d, uploaded %d, reused %d",
 			b.name, newBytes, growth, ratio, float64(growth+xattrs)/float64(newBytes), xattrs, disk1.ExtraFiles, disk1.Extra, disk2.ExtraFiles, disk2.Extra, disk2.ExtraList,
 			ev2.CheckpointSize, float64(ev2.CheckpointSize)/float64(newBytes), ev2.FullSize, ev2.FilesUploaded, ev2.FilesReused)
-		if growth < newBytes || ratio > 1.02 {
-			t.Errorf("%s: the server's data dir grew %d B for %d new bytes (%.4fx), want between 1x and 1.02x", b.name, growth, newBytes, ratio)
+		// At least 0.99x: a format 2 manifest holds the small private files
+		// compressed, so storage may grow a little less than the new bytes.
+		if ratio < 0.99 || ratio > 1.02 {
+			t.Errorf("%s: the server's data dir grew %d B for %d new bytes (%.4fx), want between 0.99x and 1.02x", b.name, growth, newBytes, ratio)
 		}
 		if r := float64(growth+xattrs) / float64(newBytes); r > 1.02 {
 			t.Errorf("%s: object files and their xattr metadata grew %d B for %d new bytes (%.4fx), want at most 1.02x", b.name, growth+xattrs, newBytes, r)
@@ -702,7 +704,7 @@ func TestRestoreOnAFreshNodeThenOneCheckpointUploadsOnlyNewFilesOnEveryBackend(t
 		growth := b.disk(t).Objects - before.Objects
 		t.Logf("%s: first checkpoint on node B: new bytes %d, storage grew %d B (%.4fx); checkpoint_size %d, uploaded %d, reused %d",
 			b.name, newBytes, growth, float64(growth)/float64(newBytes), ev.CheckpointSize, ev.FilesUploaded, ev.FilesReused)
-		if growth < newBytes || float64(growth) > 1.02*float64(newBytes) {
+		if float64(growth) < 0.99*float64(newBytes) || float64(growth) > 1.02*float64(newBytes) { // 0.99: see above
 			t.Errorf("storage grew %d B, the new SST and private files are %d B", growth, newBytes)
 		}
 		if ev.FilesReused != 10 || ev.FilesUploaded != 4 {

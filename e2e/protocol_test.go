@@ -68,8 +68,10 @@ func TestTheIssuesDoneWhenScenarioHoldsOnFileStorage(t *testing.T) {
 	ratio := float64(growth) / float64(newBytes)
 	t.Logf("checkpoint 2: new bytes %d, storage growth %d (%.4fx), reported checkpoint_size %d, full_size %d, uploaded %d, reused %d",
 		newBytes, growth, ratio, ev2.CheckpointSize, ev2.FullSize, ev2.FilesUploaded, ev2.FilesReused)
-	if growth < newBytes || ratio > 1.02 {
-		t.Errorf("storage grew by %d bytes for %d new bytes (%.4fx), want between 1x and 1.02x", growth, newBytes, ratio)
+	// At least 0.99x: a format 2 manifest holds the small private files
+	// compressed, so storage may grow a little less than the new bytes.
+	if ratio < 0.99 || ratio > 1.02 {
+		t.Errorf("storage grew by %d bytes for %d new bytes (%.4fx), want between 0.99x and 1.02x", growth, newBytes, ratio)
 	}
 	if !within(ev2.CheckpointSize, growth, 0.02) {
 		t.Errorf("reported checkpoint_size %d, storage grew by %d", ev2.CheckpointSize, growth)
