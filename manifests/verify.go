@@ -42,8 +42,8 @@ func Verify(ctx context.Context, s storage.Store, m *Manifest, parallelism int) 
 // read, bytes what was read; err is only for failures to run at all.
 func VerifyAll(ctx context.Context, s storage.Store, ms []*Manifest, parallelism int) (problems []Problem, objects int, bytes int64, err error) {
 	type want struct {
-		key, sha string
-		size     int64
+		key, digest string
+		size        int64
 	}
 	type ref struct {
 		m *Manifest
