@@ -37,10 +37,16 @@ func commit(t *testing.T, s storage.Store, job, task string, n uint64, files map
 	ctx := context.Background()
 	m := &manifests.Manifest{Job: job, Task: task, Checkpoint: n, Created: time.Now().UTC(), Engine: "generic", Tasks: tasks}
 	for name, body := range files {
-		sum := sha256.Sum256([]byte(body))
-		f := manifests.File{Name: name, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:])}
+		// Both algorithms side by side, as in a job that switched formats:
+		// BLAKE3 for names whose byte before the extension is even.
+		alg := manifests.SHA256
+		if i := strings.LastIndexByte(name, '.'); i > 0 && name[i-1]%2 == 0 {
+			alg = manifests.BLAKE3
+		}
+		f := manifests.File{Name: name, Size: int64(len(body))}
+		f.SetDigest(manifests.SumBytes(alg, []byte(body)))
 		if strings.HasSuffix(name, ".sst") {
-			f.Kind, f.Key = manifests.Shared, manifests.SharedKey(job, f.SHA256, f.Size)
+			f.Kind, f.Key = manifests.Shared, manifests.SharedKey(job, f.Digest(), f.Size)
 			if err := s.Put(ctx, f.Key, strings.NewReader(body), f.Size); err != nil {
 				t.Fatal(err)
 			}
