@@ -107,11 +107,12 @@ func (c *clocked) Delete(ctx context.Context, keys ...string) error {
 
 // writer is a checkpoint between its look at GC's marks and its commit.
 type writer struct {
-	task string
-	n    uint64
-	st   storage.Store
-	res  *uploader.Result
-	hold *manifests.Hold
+	task   string
+	n      uint64
+	format int // the manifest format the agent wrote when it began
+	st     storage.Store
+	res    *uploader.Result
+	hold   *manifests.Hold
 	// checked is the step of its last look at storage (presence, marks):
 	// storage losing an object after that is not the writer's to see.
 	checked int
@@ -129,6 +130,9 @@ type model struct {
 	local  *localrecovery.Store
 	snaps  string
 	retain int
+	// format is the manifest format the agents write now (1: SHA-256
+	// content ids, 2: BLAKE3): a fleet switches back and forth.
+	format int
 	next   map[string]uint64 // next checkpoint number per task
 	// contents is the universe of file contents: shared ids → bytes.
 	contents map[int][]byte
@@ -206,7 +210,11 @@ func (m *model) begin(task string, ids []int, budget int64) {
 		fa.budget.Store(budget)
 		st = fa
 	}
-	req := uploader.Request{Store: st, Job: job, Task: task, Checkpoint: n, Snapshot: sn, Confirmed: confirmed, Concurrency: 3, Presence: m.presence}
+	alg := manifests.BLAKE3
+	if m.format == manifests.Format1 {
+		alg = manifests.SHA256
+	}
+	req := uploader.Request{Store: st, Job: job, Task: task, Checkpoint: n, Snapshot: sn, Confirmed: confirmed, Concurrency: 3, Presence: m.presence, Alg: alg}
 	res, err := uploader.Upload(m.ctx, req)
 	var hold *manifests.Hold
 	if err == nil {
@@ -227,7 +235,7 @@ func (m *model) begin(task string, ids []int, budget int64) {
 				}
 			}
 		}
-		m.writers[task] = &writer{task: task, n: n, st: st, res: res, hold: hold, checked: m.step}
+		m.writers[task] = &writer{task: task, n: n, format: m.format, st: st, res: res, hold: hold, checked: m.step}
 		return
 	}
 	if budget < 0 {
@@ -241,12 +249,15 @@ func (m *model) begin(task string, ids []int, budget int64) {
 func (m *model) commit(w *writer) {
 	delete(m.writers, w.task)
 	mf := &manifests.Manifest{Job: job, Task: w.task, Checkpoint: w.n, Created: time.Now(), Files: w.res.Files,
-		FilesUploaded: w.res.FilesUploaded, FilesReused: w.res.FilesReused}
+		FilesUploaded: w.res.FilesUploaded, FilesReused: w.res.FilesReused, Format: w.format}
 	for _, f := range w.res.Files {
 		mf.FullSize += f.Size
 	}
-	enc, _ := mf.Encode(w.res.BytesWritten)
-	err := manifests.CommitHeld(m.ctx, w.st, mf, enc, w.hold)
+	enc, err := mf.Encode(w.res.BytesWritten)
+	if err != nil {
+		m.t.Fatalf("format %d: %v", w.format, err)
+	}
+	err = manifests.CommitHeld(m.ctx, w.st, mf, enc, w.hold)
 	if err != nil {
 		if _, crashing := w.st.(*failAfter); !crashing && !errors.Is(err, manifests.ErrStale) {
 			m.t.Fatalf("commit without faults failed: %v", err)
@@ -317,7 +328,7 @@ func TestInvariantsHoldOverRandomHistories(t *testing.T) {
 		guard := manifests.NewGuard(st, job)
 		guard.Now, guard.Delay = st.clock, manifests.GCMarkDelay
 		m := &model{t: t, ctx: context.Background(), store: st, local: local, snaps: filepath.Join(base, "snaps"),
-			retain: rapid.IntRange(1, 3).Draw(t, "retain"), next: map[string]uint64{}, contents: map[int][]byte{},
+			retain: rapid.IntRange(1, 3).Draw(t, "retain"), format: rapid.IntRange(1, 2).Draw(t, "format"), next: map[string]uint64{}, contents: map[int][]byte{},
 			presence: uploader.NewPresence(st, manifests.SharedPrefix(job), 0), guard: guard, writers: map[string]*writer{},
 			damaged: map[string]int{}, committed: map[string]int{}}
 		for _, task := range tasks {
@@ -373,6 +384,9 @@ func TestInvariantsHoldOverRandomHistories(t *testing.T) {
 				if w := m.writers[task]; w != nil {
 					m.commit(w)
 				}
+			},
+			"the fleet switches manifest formats": func(t *rapid.T) {
+				m.format = 3 - m.format
 			},
 			"time passes": func(t *rapid.T) {
 				d := time.Duration(rapid.IntRange(1, 12).Draw(t, "minutes")) * time.Minute
