@@ -533,7 +533,11 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	if err := os.Mkdir(ingestDir, 0o755); err != nil {
 		return nil, fmt.Errorf("rescale restore: %w", err)
 	}
+	// The rewritten tables hold only sets; the delta tables hold
+	// deletions, which must not be written as if for the lowest level (a
+	// tombstone there is marked obsolete, and hidden from readers).
 	wopts := nopts.MakeWriterOptions(6, db.TableFormat())
+	dopts := nopts.MakeWriterOptions(0, db.TableFormat())
 	ropts := nopts.MakeReaderOptions()
 	procs := runtime.GOMAXPROCS(0)
 	// 4. Which tasks take the fast path; the overlay of those that do, the
@@ -559,7 +563,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			case t.rewrite == "" && !t.overlaid:
 				t.overlaid = true
 				g.Go(func() error {
-					return t.overlay(gctx, o, ropts, wopts, filepath.Join(ingestDir, fmt.Sprintf("d%d-%d", i, round)))
+					return t.overlay(gctx, o, ropts, dopts, filepath.Join(ingestDir, fmt.Sprintf("d%d-%d", i, round)))
 				})
 			case t.rewrite != "" && !t.copied:
 				t.copied = true
