@@ -148,8 +148,9 @@ func requireStore(t tb, dir string, want map[string]string, start, end []byte) {
 // rewritten).
 func TestRescaleEqualsTheOldStoresRestrictedToTheRange(t *testing.T) {
 	var ingested, rewritten, delta int
+	root := fastTempDir(t)
 	rapid.Check(t, func(rt *rapid.T) {
-		base, err := os.MkdirTemp(t.TempDir(), "model-")
+		base, err := os.MkdirTemp(root, "model-")
 		if err != nil {
 			rt.Fatal(err)
 		}
@@ -390,6 +391,18 @@ func TestRescaleIngestsCleanTablesByteForByte(t *testing.T) {
 	if same == 0 || same != res.TablesIngested {
 		t.Fatalf("%d of the new store's tables are old tables byte for byte, %d were ingested unchanged", same, res.TablesIngested)
 	}
+}
+
+// fastTempDir is a temporary directory on /dev/shm when it is a
+// writable directory (a tmpfs on Linux), else t.TempDir(): each case of
+// the model test makes a dozen small stores, and the fsyncs of a shared
+// disk, not the code under test, would take nearly all of its time.
+func fastTempDir(t *testing.T) string {
+	if dir, err := os.MkdirTemp("/dev/shm", "ckpt-rescale-"); err == nil {
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		return dir
+	}
+	return t.TempDir()
 }
 
 func sha256File(t tb, path string) string {
