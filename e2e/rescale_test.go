@@ -31,11 +31,11 @@ type rescaleResult struct {
 	Keys         int64  `json:"keys"`
 	Verified     bool   `json:"verified"`
 	// TablesIngested counts the old tables ingested unchanged.
-	TablesIngested int   `json:"tables_ingested"`
-	BytesIngested  int64 `json:"bytes_ingested"`
-	DeltaKeys      int64 `json:"delta_keys"`
-	Target       string `json:"target"`
-	Tasks        []struct {
+	TablesIngested int    `json:"tables_ingested"`
+	BytesIngested  int64  `json:"bytes_ingested"`
+	DeltaKeys      int64  `json:"delta_keys"`
+	Target         string `json:"target"`
+	Tasks          []struct {
 		Task         string `json:"task"`
 		Keys         int64  `json:"keys"`
 		FilesFetched int    `json:"files_fetched"`

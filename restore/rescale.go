@@ -98,16 +98,16 @@ type RescaleResult struct {
 	BytesWritten int64 `json:"bytes_written"`
 	// FilesFetched and FilesSkipped count the old checkpoints' files
 	// fetched and those never fetched because they lie outside the range.
-	FilesFetched int    `json:"files_fetched"`
-	FilesSkipped int    `json:"files_skipped"`
-	Keys         int64  `json:"keys"`
+	FilesFetched int   `json:"files_fetched"`
+	FilesSkipped int   `json:"files_skipped"`
+	Keys         int64 `json:"keys"`
 	// TablesIngested, BytesIngested and DeltaKeys sum the tasks' (see
 	// RescaleTask).
-	TablesIngested int   `json:"tables_ingested"`
-	BytesIngested  int64 `json:"bytes_ingested"`
-	DeltaKeys      int64 `json:"delta_keys"`
-	Start        string `json:"start"` // hex, "" open
-	End          string `json:"end"`   // hex, "" open
+	TablesIngested int    `json:"tables_ingested"`
+	BytesIngested  int64  `json:"bytes_ingested"`
+	DeltaKeys      int64  `json:"delta_keys"`
+	Start          string `json:"start"` // hex, "" open
+	End            string `json:"end"`   // hex, "" open
 	// Verified: the new store was opened after it was built, holds only
 	// keys in the range, and per old task the count and SHA-256 of its
 	// keys equal those read from the old checkpoint.

@@ -511,4 +511,3 @@ func demote(olds []*oldTask) bool {
 	}
 	return changed
 }
-
