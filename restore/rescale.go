@@ -113,6 +113,11 @@ type RescaleResult struct {
 	// keys equal those read from the old checkpoint.
 	Verified   bool          `json:"verified"`
 	Tasks      []RescaleTask `json:"tasks"`
+	// FetchMS, BuildMS and VerifyMS split the time: fetching the old
+	// files, building the new store, checking it.
+	FetchMS  int64 `json:"fetch_ms"`
+	BuildMS  int64 `json:"build_ms"`
+	VerifyMS int64 `json:"verify_ms"`
 	DurationMS int64         `json:"duration_ms"`
 	Target     string        `json:"target"`
 }
@@ -457,6 +462,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			t.close()
 		}
 	}()
+	t0 := time.Now()
 	cache := pebble.NewCache(64 << 20)
 	defer cache.Unref()
 	var fetched atomic.Int64
@@ -512,6 +518,8 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
+	fetchMS := time.Since(t0).Milliseconds()
+	t0 = time.Now()
 	// 3. The new store. Its format supports virtual tables, so that the
 	// parts of clean tables outside the range can be excised.
 	fmv := pebble.FormatVirtualSSTables
@@ -665,11 +673,14 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	if err != nil {
 		return nil, fmt.Errorf("rescale restore: close the new store: %w", err)
 	}
+	buildMS := time.Since(t0).Milliseconds()
+	t0 = time.Now()
 	// 6. Check the new store against what the old ones hold.
 	keys, err := verifyRescaled(ctx, r.tmp, o, olds)
 	if err != nil {
 		return nil, err
 	}
+	verifyMS := time.Since(t0).Milliseconds()
 	for _, t := range olds {
 		for _, p := range t.pieces {
 			t.c.Keys += p.keys
@@ -682,7 +693,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	for _, t := range olds {
 		t.close()
 	}
-	res := &RescaleResult{Restored: true, From: o.From, Keys: keys, Verified: true,
+	res := &RescaleResult{Restored: true, From: o.From, Keys: keys, Verified: true, FetchMS: fetchMS, BuildMS: buildMS, VerifyMS: verifyMS,
 		Start: hex.EncodeToString(o.Start), End: hex.EncodeToString(o.End)}
 	for _, t := range olds {
 		res.Tasks = append(res.Tasks, t.c)

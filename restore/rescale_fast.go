@@ -189,8 +189,19 @@ func (t *oldTask) inspect(ctx context.Context, o RescaleOptions, ropts sstable.R
 		}
 	}
 	t.clean = clean
-	if len(t.clean) == 0 {
+	var cleanBytes, dirtyBytes uint64
+	for _, tb := range t.clean {
+		cleanBytes += tb.info.Size
+	}
+	for _, tb := range t.dirty {
+		dirtyBytes += tb.info.Size
+	}
+	switch {
+	case len(t.clean) == 0:
 		t.slow("none of its tables in the range can be ingested unchanged")
+	case cleanBytes < dirtyBytes:
+		// Every key of the other tables is looked up: as dear as a rewrite.
+		t.slow("most of its bytes in the range are in tables that carry sequence numbers")
 	}
 	for _, f := range t.m.Files {
 		if f.Kind == manifests.Shared || !strings.HasSuffix(f.Name, ".log") {
