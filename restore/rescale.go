@@ -60,6 +60,9 @@ type RescaleTask struct {
 	Files        int   `json:"files"`
 	FilesFetched int   `json:"files_fetched"`
 	BytesFetched int64 `json:"bytes_fetched"`
+	// BytesPrivate is the part of BytesFetched in private files (MANIFEST,
+	// OPTIONS, WAL), which every rescale restore fetches whole.
+	BytesPrivate int64 `json:"bytes_private"`
 	// BytesInRange is Pebble's estimate of the old store's bytes in the
 	// range (whole tables inside it, a share of the tables that straddle it).
 	BytesInRange int64 `json:"bytes_in_range"`
@@ -92,8 +95,10 @@ type RescaleResult struct {
 	Bytes       int64    `json:"bytes"` // bytes fetched
 	BytesLocal  int64    `json:"bytes_local"`
 	BytesRemote int64    `json:"bytes_remote"`
-	// BytesInRange sums the old stores' bytes in the range (RescaleTask).
+	// BytesInRange sums the old stores' bytes in the range (RescaleTask),
+	// BytesPrivate the private files' bytes among Bytes.
 	BytesInRange int64 `json:"bytes_in_range"`
+	BytesPrivate int64 `json:"bytes_private"`
 	// BytesWritten is the size of the new store's files.
 	BytesWritten int64 `json:"bytes_written"`
 	// FilesFetched and FilesSkipped count the old checkpoints' files
@@ -111,15 +116,15 @@ type RescaleResult struct {
 	// Verified: the new store was opened after it was built, holds only
 	// keys in the range, and per old task the count and SHA-256 of its
 	// keys equal those read from the old checkpoint.
-	Verified   bool          `json:"verified"`
-	Tasks      []RescaleTask `json:"tasks"`
+	Verified bool          `json:"verified"`
+	Tasks    []RescaleTask `json:"tasks"`
 	// FetchMS, BuildMS and VerifyMS split the time: fetching the old
 	// files, building the new store, checking it.
-	FetchMS  int64 `json:"fetch_ms"`
-	BuildMS  int64 `json:"build_ms"`
-	VerifyMS int64 `json:"verify_ms"`
-	DurationMS int64         `json:"duration_ms"`
-	Target     string        `json:"target"`
+	FetchMS    int64  `json:"fetch_ms"`
+	BuildMS    int64  `json:"build_ms"`
+	VerifyMS   int64  `json:"verify_ms"`
+	DurationMS int64  `json:"duration_ms"`
+	Target     string `json:"target"`
 }
 
 // ParseKeyRange parses START:END, each a hex string that may be empty for
@@ -493,6 +498,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			}
 			t.c.FilesFetched++
 			t.c.BytesFetched += f.Size
+			t.c.BytesPrivate += f.Size
 			g.Go(func() error { return t.fetch(gctx, o.Store, d, f, &fetched) })
 		}
 	}
@@ -688,7 +694,9 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 		if err := t.sizeInRange(); err != nil {
 			return nil, err
 		}
-		t.c.Rewritten = t.rewrite
+		if t.c.Keys > 0 {
+			t.c.Rewritten = t.rewrite
+		}
 	}
 	for _, t := range olds {
 		t.close()
@@ -700,6 +708,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 		res.FilesFetched += t.c.FilesFetched
 		res.FilesSkipped += t.c.Files - t.c.FilesFetched
 		res.BytesInRange += t.c.BytesInRange
+		res.BytesPrivate += t.c.BytesPrivate
 		res.TablesIngested += t.c.TablesIngested
 		res.BytesIngested += t.c.BytesIngested
 		res.DeltaKeys += t.c.DeltaKeys

@@ -63,9 +63,14 @@ type RescaleScenario struct {
 	TasksRewritten int   `json:"tasks_rewritten"`
 	// FetchMS, BuildMS and VerifyMS split MS: fetching the old files,
 	// building the new store, checking it.
-	FetchMS  float64 `json:"fetch_ms"`
-	BuildMS  float64 `json:"build_ms"`
-	VerifyMS float64 `json:"verify_ms"`
+	// BytesPrivate is the old tasks' private files among Bytes (every new
+	// task fetches every old task's MANIFEST, OPTIONS and WAL whole);
+	// TableBytesRatio is (Bytes - BytesPrivate) / BytesInRange.
+	BytesPrivate    int64   `json:"bytes_private"`
+	TableBytesRatio float64 `json:"table_bytes_ratio"`
+	FetchMS         float64 `json:"fetch_ms"`
+	BuildMS         float64 `json:"build_ms"`
+	VerifyMS        float64 `json:"verify_ms"`
 }
 
 // rescaleOld is the number of old tasks.
@@ -141,6 +146,7 @@ func (r *run) rescale(ctx context.Context) error {
 			sc.BytesInRange += res.BytesInRange
 			sc.Keys += res.Keys
 			sc.Verified = sc.Verified && res.Verified
+			sc.BytesPrivate += res.BytesPrivate
 			sc.FetchMS += float64(res.FetchMS)
 			sc.BuildMS += float64(res.BuildMS)
 			sc.VerifyMS += float64(res.VerifyMS)
@@ -157,6 +163,7 @@ func (r *run) rescale(ctx context.Context) error {
 		}
 		if sc.BytesInRange > 0 {
 			sc.BytesRatio = round(float64(sc.Bytes)/float64(sc.BytesInRange), 4)
+			sc.TableBytesRatio = round(float64(sc.Bytes-sc.BytesPrivate)/float64(sc.BytesInRange), 4)
 		}
 		if fig.PlainBytes > 0 {
 			sc.PlainSameStateMS = round(fig.PlainMS*float64(sc.BytesInRange)/float64(fig.PlainBytes), 4)
@@ -164,9 +171,9 @@ func (r *run) rescale(ctx context.Context) error {
 		if sc.PlainSameStateMS > 0 {
 			sc.TimeRatio = round(sc.MS/sc.PlainSameStateMS, 4)
 		}
-		r.logf("rescale %d->%d: %.0f ms, %s fetched for %s in range (%.2fx), %.2fx a plain restore of that state; %d tables (%s) ingested unchanged, %d keys in overlays, %d contributions rewritten; fetch %.0f ms, build %.0f ms, verify %.0f ms",
+		r.logf("rescale %d->%d: %.0f ms, %s fetched for %s in range (%.2fx), %.2fx a plain restore of that state; %d tables (%s) ingested unchanged, %d keys in overlays, %d contributions rewritten; %s private, tables %.2fx the range; fetch %.0f ms, build %.0f ms, verify %.0f ms",
 			rescaleOld, to, sc.MS, human.Bytes(sc.Bytes), human.Bytes(sc.BytesInRange), sc.BytesRatio, sc.TimeRatio,
-			sc.TablesIngested, human.Bytes(sc.BytesIngested), sc.DeltaKeys, sc.TasksRewritten, sc.FetchMS, sc.BuildMS, sc.VerifyMS)
+			sc.TablesIngested, human.Bytes(sc.BytesIngested), sc.DeltaKeys, sc.TasksRewritten, human.Bytes(sc.BytesPrivate), sc.TableBytesRatio, sc.FetchMS, sc.BuildMS, sc.VerifyMS)
 		fig.Scenarios = append(fig.Scenarios, sc)
 	}
 	return nil
