@@ -267,21 +267,29 @@ func pickRescale(ctx context.Context, o RescaleOptions) (uint64, error) {
 // the range (DB.SSTables reads only the MANIFEST's metadata). Only those
 // tables (and any blob files) are fetched, each verified by size and
 // SHA-256; a table outside the range is never fetched, and if Pebble ever
-// opened one, the read would fail, not return less. The old store's live
-// keys in the range are then read through Pebble's iterator (so
-// deletions, overwrites across levels and the WAL tail resolve as Pebble
-// resolves them) and written into new tables, in pieces cut at table
-// bounds and copied in parallel, which are ingested into a new store.
-// Every key is rewritten: Pebble ingests only tables whose keys have
-// sequence number zero, a checkpoint's upper levels carry the sequence
-// numbers of their writes, and its bottom tables, though they may carry
-// zero, hold keys the upper levels delete or overwrite.
+// opened one, the read would fail, not return less.
 //
-// The new store is reopened and checked (every key in the range, and per
-// piece the count and SHA-256 of its keys equal what the old store holds
-// there), then renamed into place: the target appears whole and checked,
-// or not at all. Old tasks whose keys in the range overlap each other
-// fail: rescale restores stores that partition the key space.
+// Then, per old task, the fast path (rescale_fast.go): its clean tables
+// (every key at sequence number zero by the MANIFEST, no range deletions,
+// range keys, merge operands or blob references) are ingested into the
+// new store unchanged, so their bytes stay those of the old objects, and
+// the overlay of everything newer (its other tables and its WAL) is
+// resolved through the old store, key by key, into delta tables ingested
+// above them; what the clean tables hold outside the range is excised. A
+// task that cannot take it (no clean tables, or most of its bytes in
+// other tables, range keys, blob files, a WAL entry the overlay does not
+// read, tables that would shadow another task's keys) takes the slow
+// path: its live keys in the range are read through Pebble's iterator and
+// written into new tables, in pieces cut at table bounds and copied in
+// parallel, which are ingested.
+//
+// The new store is reopened and checked while the old stores are read
+// again: per piece of each old task, the count and SHA-256 of its keys in
+// the new store equal those the old store holds there, and the new store
+// holds no key outside the old tasks' spans in the range. Then it is
+// renamed into place: the target appears whole and checked, or not at
+// all. Old tasks whose keys in the range overlap each other fail: rescale
+// restores stores that partition the key space.
 func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	start := time.Now()
 	target, err := checkRescale(&o)
