@@ -413,3 +413,74 @@ func sha256File(t tb, path string) string {
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])
 }
+
+// Task a once held the keys task b holds now, and deleted them: a's clean
+// table still holds them under its range deletion. Ingesting a's tables
+// would bring them back over b's (or b's over a's deletion): the tasks
+// whose tables meet another's keys are rewritten, and the result is right.
+func TestRescaleRewritesTasksWhoseTablesMeetAnothersKeys(t *testing.T) {
+	base := fastTempDir(t)
+	st, _ := file.New(filepath.Join(base, "store"))
+	local, err := localrecovery.Open(filepath.Join(base, "local"), "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := openModelStore(t, filepath.Join(base, "a"), "a")
+	defer a.db.Close()
+	b := openModelStore(t, filepath.Join(base, "b"), "b")
+	defer b.db.Close()
+	// Even ids, a flush, odd ids: a compaction then rewrites both tables
+	// into one at sequence number zero (a lone table would only move).
+	for _, odd := range []int{0, 1} {
+		for id := odd; id < 100; id += 2 {
+			if err := a.db.Set(modelKey(id), []byte(fmt.Sprintf("a%d", id)), nil); err != nil {
+				t.Fatal(err)
+			}
+			if id < 50 {
+				a.m[string(modelKey(id))] = fmt.Sprintf("a%d", id)
+			}
+			if id >= 50 {
+				if err := b.db.Set(modelKey(id), []byte(fmt.Sprintf("b%d", id)), nil); err != nil {
+					t.Fatal(err)
+				}
+				b.m[string(modelKey(id))] = fmt.Sprintf("b%d", id)
+			}
+		}
+		for _, s := range []*modelStore{a, b} {
+			if err := s.db.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, s := range []*modelStore{a, b} {
+		if err := s.db.Compact(context.Background(), []byte{0}, []byte{0xff}, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.db.DeleteRange(modelKey(50), modelKey(100), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.db.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	checkpointJob(t, st, local, 1, []*modelStore{a, b})
+	target := filepath.Join(base, "new")
+	res, err := restore.Rescale(context.Background(), restore.RescaleOptions{Store: st, Job: "job", From: []string{"a", "b"},
+		Engine: "pebble", Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range res.Tasks {
+		t.Logf("%s: %d keys, rewritten %q", tk.Task, tk.Keys, tk.Rewritten)
+		if !strings.Contains(tk.Rewritten, "overlap") {
+			t.Errorf("task %s was not rewritten for its overlap: %+v", tk.Task, tk)
+		}
+	}
+	union := map[string]string{}
+	for _, s := range []*modelStore{a, b} {
+		for k, v := range s.m {
+			union[k] = v
+		}
+	}
+	requireStore(t, target, union, nil, nil)
+}
