@@ -408,19 +408,20 @@ func (t *oldTask) overlay(ctx context.Context, o RescaleOptions, ropts sstable.R
 			w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
 			t.delta = append(t.delta, name)
 		}
+		var werr error
 		if it.SeekGE(k) && bytes.Equal(it.Key(), k) {
 			v, err := it.ValueAndErr()
 			if err != nil {
 				return fmt.Errorf("rescale restore: read task %s: %w", t.task, err)
 			}
-			err = w.Set(k, v)
+			werr = w.Set(k, v)
 		} else {
 			if err := it.Error(); err != nil {
 				return fmt.Errorf("rescale restore: read task %s: %w", t.task, err)
 			}
-			err = w.Delete(k)
+			werr = w.Delete(k)
 		}
-		if err != nil {
+		if err := werr; err != nil {
 			return fmt.Errorf("rescale restore: write a delta table: %w", err)
 		}
 		t.c.DeltaKeys++
