@@ -457,7 +457,22 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 		}
 	}
 	hashes, parent := t.hashes, t.lastCompleted
+	first := len(t.retained) == 0
 	a.mu.Unlock()
+	if first {
+		// A task with no checkpoint of its own (one a rescale restore built
+		// from other tasks' tables) reuses what the job's other tasks retain.
+		ck.at("reading the job's other tasks' checkpoints")
+		others, err := uploader.OtherTasksConfirmed(ctx, a.cfg.Store, a.cfg.Job, t.name)
+		if err != nil {
+			a.log.Warn("read the job's other tasks' checkpoints: their objects are not reused", "task", t.name, "err", err)
+		}
+		for id, key := range others {
+			if _, ok := confirmed[id]; !ok {
+				confirmed[id] = key
+			}
+		}
+	}
 
 	uctx, upSpan := otel.Tracer("ckpt").Start(ctx, "upload")
 	// Presence: confirmed also means still there. After the transfers, every

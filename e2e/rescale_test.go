@@ -30,8 +30,12 @@ type rescaleResult struct {
 	FilesSkipped int    `json:"files_skipped"`
 	Keys         int64  `json:"keys"`
 	Verified     bool   `json:"verified"`
-	Target       string `json:"target"`
-	Tasks        []struct {
+	// TablesIngested counts the old tables ingested unchanged.
+	TablesIngested int    `json:"tables_ingested"`
+	BytesIngested  int64  `json:"bytes_ingested"`
+	DeltaKeys      int64  `json:"delta_keys"`
+	Target         string `json:"target"`
+	Tasks          []struct {
 		Task         string `json:"task"`
 		Keys         int64  `json:"keys"`
 		FilesFetched int    `json:"files_fetched"`
@@ -234,8 +238,15 @@ func TestRescaleRestoreBuildsEachNewTaskFromTheOldTasksKeyRanges(t *testing.T) {
 	storage := "file://" + storageDir
 	from := "old-0,old-1,old-2,old-3"
 	var fullBytes int64
+	oldObjects := map[string]bool{} // the shared objects of checkpoint 2
 	for _, task := range tasks {
-		fullBytes += readManifest(t, storageDir, job, task, 2).FullSize
+		m := readManifest(t, storageDir, job, task, 2)
+		fullBytes += m.FullSize
+		for _, f := range m.Files {
+			if f.Kind == "shared" {
+				oldObjects[f.Key] = true
+			}
+		}
 	}
 	bound := func(id int) string {
 		if id <= 0 || id >= rescaleKeys {
@@ -262,8 +273,11 @@ func TestRescaleRestoreBuildsEachNewTaskFromTheOldTasksKeyRanges(t *testing.T) {
 				var res rescaleResult
 				ckptJSON(t, &res, "restore", "--storage", storage, "--job", job, "--rescale-from", from,
 					"--key-range", kr, "--engine", "pebble", "--target", target, "--task", task, "--json")
-				t.Logf("4->%d task %d [%s): %d keys, %d B fetched of %d B in checkpoint 2, %d B of the old stores in the range, %d files fetched, %d skipped",
-					newN, j, kr, res.Keys, res.Bytes, fullBytes, res.BytesInRange, res.FilesFetched, res.FilesSkipped)
+				t.Logf("4->%d task %d [%s): %d keys, %d B fetched of %d B in checkpoint 2, %d B of the old stores in the range, %d files fetched, %d skipped; %d tables (%d B) ingested unchanged, %d keys in the overlay",
+					newN, j, kr, res.Keys, res.Bytes, fullBytes, res.BytesInRange, res.FilesFetched, res.FilesSkipped, res.TablesIngested, res.BytesIngested, res.DeltaKeys)
+				if res.TablesIngested == 0 {
+					t.Fatalf("rescale restore %s ingested no old table unchanged: %+v", kr, res)
+				}
 				if !res.Restored || !res.Verified || res.Checkpoint != 2 || res.Target != target || res.Task != task {
 					t.Fatalf("rescale restore %s: %+v", kr, res)
 				}
@@ -293,6 +307,25 @@ func TestRescaleRestoreBuildsEachNewTaskFromTheOldTasksKeyRanges(t *testing.T) {
 					t.Fatal(err)
 				}
 				first := trigger(t, cfg.Socket, task, n, dir)
+				// The first checkpoint reuses the old objects the store
+				// ingested unchanged: it uploads only the other tables (or
+				// reuses them too, when a new task of the other rescale
+				// uploaded the same bytes).
+				reused := 0
+				for _, f := range readManifest(t, storageDir, job, task, n).Files {
+					if f.Kind != "shared" {
+						continue
+					}
+					if oldObjects[f.Key] {
+						if f.Uploaded {
+							t.Fatalf("%s's first checkpoint uploaded %s again, an old task's object %s", task, f.Name, f.Key)
+						}
+						reused++
+					}
+				}
+				if first.FilesReused == 0 || reused < res.TablesIngested {
+					t.Fatalf("%s's first checkpoint reused %d files (%d old tables), want the %d tables ingested unchanged: %+v", task, first.FilesReused, reused, res.TablesIngested, first)
+				}
 				for id := lo; id < lo+50; id++ {
 					a.put(t, id, 9)
 				}
@@ -307,7 +340,17 @@ func TestRescaleRestoreBuildsEachNewTaskFromTheOldTasksKeyRanges(t *testing.T) {
 				second := trigger(t, cfg.Socket, task, n, dir)
 				t.Logf("%s: first checkpoint uploaded %d files (%d B), the next %d files (%d B), reused %d", task,
 					first.FilesUploaded, first.CheckpointSize, second.FilesUploaded, second.CheckpointSize, second.FilesReused)
-				if second.FilesReused == 0 || second.CheckpointSize >= first.CheckpointSize {
+				// The next uploads only the tables the first did not name.
+				inFirst := map[string]bool{}
+				for _, f := range readManifest(t, storageDir, job, task, n-1).Files {
+					inFirst[f.Key] = f.Kind == "shared"
+				}
+				for _, f := range readManifest(t, storageDir, job, task, n).Files {
+					if f.Kind == "shared" && inFirst[f.Key] && f.Uploaded {
+						t.Fatalf("%s: the checkpoint after the first uploaded %s again: %+v after %+v", task, f.Name, second, first)
+					}
+				}
+				if second.FilesReused == 0 || second.CheckpointSize >= second.FullSize/2 {
 					t.Fatalf("%s: the checkpoint after the first is not incremental: %+v after %+v", task, second, first)
 				}
 				restored := filepath.Join(base, "restored-"+task)

@@ -60,6 +60,9 @@ type RescaleTask struct {
 	Files        int   `json:"files"`
 	FilesFetched int   `json:"files_fetched"`
 	BytesFetched int64 `json:"bytes_fetched"`
+	// BytesPrivate is the part of BytesFetched in private files (MANIFEST,
+	// OPTIONS, WAL), which every rescale restore fetches whole.
+	BytesPrivate int64 `json:"bytes_private"`
 	// BytesInRange is Pebble's estimate of the old store's bytes in the
 	// range (whole tables inside it, a share of the tables that straddle it).
 	BytesInRange int64 `json:"bytes_in_range"`
@@ -70,6 +73,15 @@ type RescaleTask struct {
 	// First and Last are the task's first and last key in the range (hex).
 	First string `json:"first,omitempty"`
 	Last  string `json:"last,omitempty"`
+	// TablesIngested and BytesIngested count the old tables ingested into
+	// the new store unchanged (their bytes are the old objects'), and
+	// DeltaKeys the keys written above them from the task's newer tables
+	// and WAL. Rewritten says why the task's keys were rewritten instead,
+	// one by one; empty when its tables were ingested.
+	TablesIngested int    `json:"tables_ingested"`
+	BytesIngested  int64  `json:"bytes_ingested"`
+	DeltaKeys      int64  `json:"delta_keys"`
+	Rewritten      string `json:"rewritten,omitempty"`
 }
 
 // RescaleResult is `ckpt restore --rescale-from --json`: the fields of a
@@ -83,24 +95,36 @@ type RescaleResult struct {
 	Bytes       int64    `json:"bytes"` // bytes fetched
 	BytesLocal  int64    `json:"bytes_local"`
 	BytesRemote int64    `json:"bytes_remote"`
-	// BytesInRange sums the old stores' bytes in the range (RescaleTask).
+	// BytesInRange sums the old stores' bytes in the range (RescaleTask),
+	// BytesPrivate the private files' bytes among Bytes.
 	BytesInRange int64 `json:"bytes_in_range"`
+	BytesPrivate int64 `json:"bytes_private"`
 	// BytesWritten is the size of the new store's files.
 	BytesWritten int64 `json:"bytes_written"`
 	// FilesFetched and FilesSkipped count the old checkpoints' files
 	// fetched and those never fetched because they lie outside the range.
-	FilesFetched int    `json:"files_fetched"`
-	FilesSkipped int    `json:"files_skipped"`
-	Keys         int64  `json:"keys"`
-	Start        string `json:"start"` // hex, "" open
-	End          string `json:"end"`   // hex, "" open
+	FilesFetched int   `json:"files_fetched"`
+	FilesSkipped int   `json:"files_skipped"`
+	Keys         int64 `json:"keys"`
+	// TablesIngested, BytesIngested and DeltaKeys sum the tasks' (see
+	// RescaleTask).
+	TablesIngested int    `json:"tables_ingested"`
+	BytesIngested  int64  `json:"bytes_ingested"`
+	DeltaKeys      int64  `json:"delta_keys"`
+	Start          string `json:"start"` // hex, "" open
+	End            string `json:"end"`   // hex, "" open
 	// Verified: the new store was opened after it was built, holds only
 	// keys in the range, and per old task the count and SHA-256 of its
 	// keys equal those read from the old checkpoint.
-	Verified   bool          `json:"verified"`
-	Tasks      []RescaleTask `json:"tasks"`
-	DurationMS int64         `json:"duration_ms"`
-	Target     string        `json:"target"`
+	Verified bool          `json:"verified"`
+	Tasks    []RescaleTask `json:"tasks"`
+	// FetchMS, BuildMS and VerifyMS split the time: fetching the old
+	// files, building the new store, checking it.
+	FetchMS    int64  `json:"fetch_ms"`
+	BuildMS    int64  `json:"build_ms"`
+	VerifyMS   int64  `json:"verify_ms"`
+	DurationMS int64  `json:"duration_ms"`
+	Target     string `json:"target"`
 }
 
 // ParseKeyRange parses START:END, each a hex string that may be empty for
@@ -243,21 +267,29 @@ func pickRescale(ctx context.Context, o RescaleOptions) (uint64, error) {
 // the range (DB.SSTables reads only the MANIFEST's metadata). Only those
 // tables (and any blob files) are fetched, each verified by size and
 // SHA-256; a table outside the range is never fetched, and if Pebble ever
-// opened one, the read would fail, not return less. The old store's live
-// keys in the range are then read through Pebble's iterator (so
-// deletions, overwrites across levels and the WAL tail resolve as Pebble
-// resolves them) and written into new tables, in pieces cut at table
-// bounds and copied in parallel, which are ingested into a new store.
-// Every key is rewritten: Pebble ingests only tables whose keys have
-// sequence number zero, a checkpoint's upper levels carry the sequence
-// numbers of their writes, and its bottom tables, though they may carry
-// zero, hold keys the upper levels delete or overwrite.
+// opened one, the read would fail, not return less.
 //
-// The new store is reopened and checked (every key in the range, and per
-// piece the count and SHA-256 of its keys equal what the old store holds
-// there), then renamed into place: the target appears whole and checked,
-// or not at all. Old tasks whose keys in the range overlap each other
-// fail: rescale restores stores that partition the key space.
+// Then, per old task, the fast path (rescale_fast.go): its clean tables
+// (every key at sequence number zero by the MANIFEST, no range deletions,
+// range keys, merge operands or blob references) are ingested into the
+// new store unchanged, so their bytes stay those of the old objects, and
+// the overlay of everything newer (its other tables and its WAL) is
+// resolved through the old store, key by key, into delta tables ingested
+// above them; what the clean tables hold outside the range is excised. A
+// task that cannot take it (no clean tables, or most of its bytes in
+// other tables, range keys, blob files, a WAL entry the overlay does not
+// read, tables that would shadow another task's keys) takes the slow
+// path: its live keys in the range are read through Pebble's iterator and
+// written into new tables, in pieces cut at table bounds and copied in
+// parallel, which are ingested.
+//
+// The new store is reopened and checked while the old stores are read
+// again: per piece of each old task, the count and SHA-256 of its keys in
+// the new store equal those the old store holds there, and the new store
+// holds no key outside the old tasks' spans in the range. Then it is
+// renamed into place: the target appears whole and checked, or not at
+// all. Old tasks whose keys in the range overlap each other fail: rescale
+// restores stores that partition the key space.
 func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	start := time.Now()
 	target, err := checkRescale(&o)
@@ -365,13 +397,33 @@ type oldTask struct {
 	// range, and the blob files.
 	tables []manifests.File
 	// splits are keys inside the range where the old store's tables end:
-	// the range is cut there into pieces copied in parallel.
+	// the range is cut there into pieces read in parallel.
 	splits [][]byte
-	c      RescaleTask
+	// pieces cut the range; each holds what the old store holds there.
+	pieces []*piece
+	// clean are the tables ingested unchanged, dirty the other tables that
+	// meet the range; walKeys and walDels the WAL's keys and range
+	// deletions in the range; delta the tables written from the overlay.
+	clean, dirty []*table
+	walKeys      [][]byte
+	walDels      []span
+	delta        []string
+	// rewrite, when set, says why the task's keys are rewritten (the
+	// slow path) rather than its tables ingested.
+	rewrite string
+	// extent is the span of the new store where the task's keys may lie,
+	// when keyed: for the fast path, the hull of its tables' bounds and its
+	// WAL's keys in the range; for the slow path, its first to its last key.
+	extent   span
+	keyed    bool
+	overlaid bool // the overlay was written
+	copied   bool // the keys were rewritten
+	c        RescaleTask
 }
 
 // piece is a part [lo, hi) of the range (nil: open) of one old task, read
-// from the old store and written into new tables by one goroutine.
+// from the old store (and, on the slow path, written into new tables) by
+// one goroutine.
 type piece struct {
 	t      *oldTask
 	lo, hi []byte
@@ -380,6 +432,10 @@ type piece struct {
 	first  []byte // the piece's first and last key; nil when it has none
 	last   []byte
 	ssts   []string // the new tables written from its keys
+	// newKeys and newSHA256 are the same over the new store, in the piece
+	// clipped to the task's extent.
+	newKeys   int64
+	newSHA256 string
 }
 
 // pieces cuts the range of each old task into up to n pieces at its
@@ -419,6 +475,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			t.close()
 		}
 	}()
+	t0 := time.Now()
 	cache := pebble.NewCache(64 << 20)
 	defer cache.Unref()
 	var fetched atomic.Int64
@@ -449,6 +506,7 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			}
 			t.c.FilesFetched++
 			t.c.BytesFetched += f.Size
+			t.c.BytesPrivate += f.Size
 			g.Go(func() error { return t.fetch(gctx, o.Store, d, f, &fetched) })
 		}
 	}
@@ -474,9 +532,11 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	// 3. The new store: each old task's keys in the range, read through
-	// Pebble, written into new tables and ingested.
-	fmv := pebble.FormatMinSupported
+	fetchMS := time.Since(t0).Milliseconds()
+	t0 = time.Now()
+	// 3. The new store. Its format supports virtual tables, so that the
+	// parts of clean tables outside the range can be excised.
+	fmv := pebble.FormatVirtualSSTables
 	for _, t := range olds {
 		fmv = max(fmv, t.db.FormatMajorVersion())
 	}
@@ -495,33 +555,116 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 	if err := os.Mkdir(ingestDir, 0o755); err != nil {
 		return nil, fmt.Errorf("rescale restore: %w", err)
 	}
+	// The rewritten tables hold only sets; the delta tables hold
+	// deletions, which must not be written as if for the lowest level (a
+	// tombstone there is marked obsolete, and hidden from readers).
 	wopts := nopts.MakeWriterOptions(6, db.TableFormat())
+	dopts := nopts.MakeWriterOptions(0, db.TableFormat())
+	ropts := nopts.MakeReaderOptions()
 	procs := runtime.GOMAXPROCS(0)
-	all := pieces(olds, o, 2*procs)
+	// 4. Which tasks take the fast path; the overlay of those that do, the
+	// rewritten keys of those that do not. A fast task whose tables would
+	// meet another task's keys in the new store is rewritten instead.
 	g, gctx = errgroup.WithContext(ctx)
 	g.SetLimit(procs)
-	for i, p := range all {
-		g.Go(func() error { return p.copy(gctx, wopts, filepath.Join(ingestDir, fmt.Sprintf("p%d", i))) })
+	for _, t := range olds {
+		t.pieces = pieces([]*oldTask{t}, o, 2*procs)
+		if t.rewrite == "" {
+			g.Go(func() error { return t.inspect(gctx, o, ropts) })
+		}
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	contrib := contributions(all)
-	for i := 1; i < len(contrib); i++ {
-		a, b := contrib[i-1], contrib[i]
-		if bytes.Compare(a.last, b.first) >= 0 {
-			return nil, fmt.Errorf("rescale restore: tasks %s and %s both hold keys in the range (%x..%x and %x..%x): rescale needs old tasks that own disjoint key ranges",
-				a.t.task, b.t.task, a.first, a.last, b.first, b.last)
+	demote(olds)
+	for round := 0; ; round++ {
+		g, gctx = errgroup.WithContext(ctx)
+		g.SetLimit(procs)
+		for i, t := range olds {
+			switch {
+			case t.rewrite == "" && !t.overlaid:
+				t.overlaid = true
+				g.Go(func() error {
+					return t.overlay(gctx, o, ropts, dopts, filepath.Join(ingestDir, fmt.Sprintf("d%d-%d", i, round)))
+				})
+			case t.rewrite != "" && !t.copied:
+				t.copied = true
+				for k, p := range t.pieces {
+					g.Go(func() error {
+						return p.copy(gctx, wopts, filepath.Join(ingestDir, fmt.Sprintf("p%d-%d", i, k)))
+					})
+				}
+			}
+		}
+		if err := g.Wait(); err != nil {
+			return nil, err
+		}
+		for _, t := range olds {
+			if t.rewrite != "" && t.copied && !t.keyed {
+				t.keysSpan()
+			}
+		}
+		if !demote(olds) && !slices.ContainsFunc(olds, func(t *oldTask) bool { return t.rewrite != "" && !t.copied }) {
+			break
+		}
+		for _, t := range olds {
+			if t.rewrite != "" && len(t.delta) > 0 {
+				t.delta, t.c.DeltaKeys = nil, 0 // demoted: its keys are rewritten
+			}
+		}
+	}
+	for i, a := range olds {
+		for _, b := range olds[i+1:] {
+			if a.keyed && b.keyed && a.extent.overlaps(b.extent) {
+				return nil, fmt.Errorf("rescale restore: tasks %s and %s both hold keys in the range (%x..%x and %x..%x): rescale needs old tasks that own disjoint key ranges",
+					a.task, b.task, a.extent.lo, a.extent.hi, b.extent.lo, b.extent.hi)
+			}
+		}
+	}
+	// 5. Ingest: per fast task its clean tables, unchanged, then its delta
+	// tables above them; then the rewritten tables; then excise what the
+	// clean tables hold outside the range.
+	var below, above bool
+	var highest []byte
+	for i, t := range olds {
+		if t.rewrite != "" {
+			continue
+		}
+		var paths []string
+		for _, tb := range t.clean {
+			// Ingest links the file into the store and removes the path it
+			// was given: give it a second link, the old store still reads
+			// the first.
+			p := filepath.Join(ingestDir, fmt.Sprintf("c%d-%s", i, tb.name))
+			if err := os.Link(filepath.Join(t.dir, tb.name), p); err != nil {
+				return nil, fmt.Errorf("rescale restore: %w", err)
+			}
+			paths = append(paths, p)
+			t.c.TablesIngested++
+			t.c.BytesIngested += int64(tb.info.Size)
+			below = below || (o.Start != nil && bytes.Compare(tb.info.Smallest.UserKey, o.Start) < 0)
+			if o.End != nil && bytes.Compare(tb.info.Largest.UserKey, o.End) >= 0 {
+				above = true
+				if bytes.Compare(tb.info.Largest.UserKey, highest) > 0 {
+					highest = tb.info.Largest.UserKey
+				}
+			}
+		}
+		if err := db.Ingest(ctx, paths); err != nil {
+			return nil, fmt.Errorf("rescale restore: ingest the tables of task %s: %w", t.task, err)
+		}
+		if len(t.delta) > 0 {
+			if err := db.Ingest(ctx, t.delta); err != nil {
+				return nil, fmt.Errorf("rescale restore: ingest the overlay of task %s: %w", t.task, err)
+			}
 		}
 	}
 	var paths []string
-	for _, p := range contrib {
-		paths = append(paths, p.ssts...)
-		p.t.c.Keys += p.keys
-	}
 	for _, t := range olds {
-		if err := t.sizeInRange(contrib); err != nil {
-			return nil, err
+		if t.rewrite != "" {
+			for _, p := range t.pieces {
+				paths = append(paths, p.ssts...)
+			}
 		}
 	}
 	if len(paths) > 0 {
@@ -529,26 +672,54 @@ func rescale(ctx context.Context, o RescaleOptions, r *restorer, olds []*oldTask
 			return nil, fmt.Errorf("rescale restore: ingest the new tables: %w", err)
 		}
 	}
+	if below {
+		if err := db.Excise(ctx, pebble.KeyRange{Start: []byte{}, End: o.Start}); err != nil {
+			return nil, fmt.Errorf("rescale restore: cut the keys below the range: %w", err)
+		}
+	}
+	if above {
+		if err := db.Excise(ctx, pebble.KeyRange{Start: o.End, End: keyAfter(highest)}); err != nil {
+			return nil, fmt.Errorf("rescale restore: cut the keys above the range: %w", err)
+		}
+	}
 	err = db.Close()
 	db = nil
 	if err != nil {
 		return nil, fmt.Errorf("rescale restore: close the new store: %w", err)
 	}
-	for _, t := range olds {
-		t.close()
-	}
-	// 4. Check the new store against what the old ones hold.
-	keys, err := verifyRescaled(ctx, r.tmp, o, contrib)
+	buildMS := time.Since(t0).Milliseconds()
+	t0 = time.Now()
+	// 6. Check the new store against what the old ones hold.
+	keys, err := verifyRescaled(ctx, r.tmp, o, olds)
 	if err != nil {
 		return nil, err
 	}
-	res := &RescaleResult{Restored: true, From: o.From, Keys: keys, Verified: true,
+	verifyMS := time.Since(t0).Milliseconds()
+	for _, t := range olds {
+		for _, p := range t.pieces {
+			t.c.Keys += p.keys
+		}
+		if err := t.sizeInRange(); err != nil {
+			return nil, err
+		}
+		if t.c.Keys > 0 {
+			t.c.Rewritten = t.rewrite
+		}
+	}
+	for _, t := range olds {
+		t.close()
+	}
+	res := &RescaleResult{Restored: true, From: o.From, Keys: keys, Verified: true, FetchMS: fetchMS, BuildMS: buildMS, VerifyMS: verifyMS,
 		Start: hex.EncodeToString(o.Start), End: hex.EncodeToString(o.End)}
 	for _, t := range olds {
 		res.Tasks = append(res.Tasks, t.c)
 		res.FilesFetched += t.c.FilesFetched
 		res.FilesSkipped += t.c.Files - t.c.FilesFetched
 		res.BytesInRange += t.c.BytesInRange
+		res.BytesPrivate += t.c.BytesPrivate
+		res.TablesIngested += t.c.TablesIngested
+		res.BytesIngested += t.c.BytesIngested
+		res.DeltaKeys += t.c.DeltaKeys
 	}
 	res.Bytes = fetched.Load()
 	res.BytesRemote = res.Bytes
@@ -639,8 +810,9 @@ func (t *oldTask) plan(o RescaleOptions, cache *pebble.Cache) error {
 		return fmt.Errorf("rescale restore: tables of task %s: %w", t.task, err)
 	}
 	want := map[string]bool{}
-	for _, level := range levels {
-		for _, tb := range level {
+	var tables []*table
+	for level, infos := range levels {
+		for _, tb := range infos {
 			if !meets(tb.Smallest.UserKey, tb.Largest.UserKey, o.Start, o.End) {
 				continue
 			}
@@ -649,6 +821,7 @@ func (t *oldTask) plan(o RescaleOptions, cache *pebble.Cache) error {
 				return fmt.Errorf("rescale restore: task %s checkpoint %d: its MANIFEST names table %s, which the checkpoint does not hold", t.task, t.m.Checkpoint, name)
 			}
 			want[name] = true
+			tables = append(tables, &table{name: name, info: tb, level: level})
 			if k := tb.Largest.UserKey; (o.Start == nil || bytes.Compare(k, o.Start) > 0) && (o.End == nil || bytes.Compare(k, o.End) < 0) {
 				t.splits = append(t.splits, slices.Clone(k))
 			}
@@ -656,6 +829,7 @@ func (t *oldTask) plan(o RescaleOptions, cache *pebble.Cache) error {
 	}
 	slices.SortFunc(t.splits, bytes.Compare)
 	t.splits = slices.CompactFunc(t.splits, bytes.Equal)
+	t.classify(tables)
 	for _, f := range t.m.Files {
 		if f.Kind == manifests.Shared && (want[f.Name] || !strings.HasSuffix(f.Name, ".sst")) {
 			t.tables = append(t.tables, f)
@@ -698,7 +872,8 @@ func (f *absentFS) List(dir string) ([]string, error) {
 const maxTableBytes = 128 << 20
 
 // copy reads the old store's live keys in the piece and writes them into
-// new tables under prefix, counting and hashing them as it goes.
+// new tables under prefix, counting and hashing them as it goes. With an
+// empty prefix it only counts and hashes them.
 func (p *piece) copy(ctx context.Context, wopts sstable.WriterOptions, prefix string) error {
 	t := p.t
 	ro := &pebble.IterOptions{LowerBound: p.lo, UpperBound: p.hi, KeyTypes: pebble.IterKeyTypeRangesOnly}
@@ -739,22 +914,10 @@ func (p *piece) copy(ctx context.Context, wopts sstable.WriterOptions, prefix st
 			return fmt.Errorf("rescale restore: read task %s: %w", t.task, err)
 		}
 		k := it.Key()
-		if w != nil && w.Raw().EstimatedSize() >= maxTableBytes {
-			if err := finish(); err != nil {
-				return fmt.Errorf("rescale restore: write a new table: %w", err)
+		if prefix != "" {
+			if err := p.write(&w, wopts, prefix, k, v); err != nil {
+				return err
 			}
-		}
-		if w == nil {
-			name := fmt.Sprintf("%s-%06d.sst", prefix, len(p.ssts))
-			f, err := vfs.Default.Create(name, vfs.WriteCategoryUnspecified)
-			if err != nil {
-				return fmt.Errorf("rescale restore: %w", err)
-			}
-			w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
-			p.ssts = append(p.ssts, name)
-		}
-		if err := w.Set(k, v); err != nil {
-			return fmt.Errorf("rescale restore: write a new table: %w", err)
 		}
 		hashKV(h, k, v)
 		if p.first == nil {
@@ -773,18 +936,56 @@ func (p *piece) copy(ctx context.Context, wopts sstable.WriterOptions, prefix st
 	return nil
 }
 
-// sizeInRange sets the task's first and last key in the range and
-// Pebble's estimate of its bytes between them, from its pieces.
-func (t *oldTask) sizeInRange(contrib []*piece) error {
-	var first, last []byte
-	for _, p := range contrib {
-		if p.t == t {
+// write adds k, v to the piece's current new table *w, starting a new
+// one under prefix when there is none or it is full.
+func (p *piece) write(w **sstable.Writer, wopts sstable.WriterOptions, prefix string, k, v []byte) error {
+	if *w != nil && (*w).Raw().EstimatedSize() >= maxTableBytes {
+		err := (*w).Close()
+		*w = nil
+		if err != nil {
+			return fmt.Errorf("rescale restore: write a new table: %w", err)
+		}
+	}
+	if *w == nil {
+		name := fmt.Sprintf("%s-%06d.sst", prefix, len(p.ssts))
+		f, err := vfs.Default.Create(name, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return fmt.Errorf("rescale restore: %w", err)
+		}
+		*w = sstable.NewWriter(objstorageprovider.NewFileWritable(f), wopts)
+		p.ssts = append(p.ssts, name)
+	}
+	if err := (*w).Set(k, v); err != nil {
+		return fmt.Errorf("rescale restore: write a new table: %w", err)
+	}
+	return nil
+}
+
+// span returns the task's first and last key in the range, read from the
+// old store by its pieces; nil when it holds none.
+func (t *oldTask) span() (first, last []byte) {
+	for _, p := range t.pieces {
+		if p.first != nil {
 			if first == nil {
 				first = p.first
 			}
 			last = p.last
 		}
 	}
+	return first, last
+}
+
+// keysSpan sets a rewritten task's extent to its keys' span.
+func (t *oldTask) keysSpan() {
+	if first, last := t.span(); first != nil {
+		t.extent, t.keyed = span{first, keyAfter(last)}, true
+	}
+}
+
+// sizeInRange sets the task's first and last key in the range and
+// Pebble's estimate of its bytes between them, from its pieces.
+func (t *oldTask) sizeInRange() error {
+	first, last := t.span()
 	if first == nil {
 		return nil
 	}
@@ -806,121 +1007,127 @@ func hashKV(h hash.Hash, k, v []byte) {
 	h.Write(v)
 }
 
-// contributions returns the pieces that hold keys, in the order of their
-// first key.
-func contributions(all []*piece) []*piece {
-	var out []*piece
-	for _, p := range all {
-		if p.first != nil {
-			out = append(out, p)
-		}
-	}
-	sort.Slice(out, func(i, j int) bool { return bytes.Compare(out[i].first, out[j].first) < 0 })
-	return out
-}
-
 // verifyRescaled opens the new store in dir read-only and checks it
-// against the old stores: every key is in [Start, End) and in the span
-// [first, last] of exactly one piece, and per piece the count and SHA-256
-// of the keys equal those read from the old checkpoint. The key space is
-// checked in up to GOMAXPROCS segments at once, cut at pieces' first keys.
-// It returns the number of keys.
-func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, contrib []*piece) (int64, error) {
+// against the old stores, reading both at once: for each piece of each
+// old task, the count and SHA-256 of the new store's keys in the piece
+// (clipped to the task's extent) must equal those of the old store's keys
+// in the piece (read now for a task whose tables were ingested, while
+// rewriting for the others); and the new store must hold no key outside
+// the tasks' extents, which lie inside [Start, End) and are disjoint. It
+// returns the number of keys.
+func verifyRescaled(ctx context.Context, dir string, o RescaleOptions, olds []*oldTask) (int64, error) {
 	db, err := pebble.Open(dir, &pebble.Options{ReadOnly: true, Logger: quiet{}})
 	if err != nil {
 		return 0, fmt.Errorf("rescale restore: the new store does not open: %w", err)
 	}
 	defer db.Close()
-	segs := max(1, min(runtime.GOMAXPROCS(0), len(contrib)))
-	counts := make([]int64, segs)
 	g, gctx := errgroup.WithContext(ctx)
-	for s := range segs {
-		a, b := s*len(contrib)/segs, (s+1)*len(contrib)/segs
-		var lo, hi []byte
-		if s > 0 {
-			lo = contrib[a].first
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	var exts []span
+	for _, t := range olds {
+		if t.keyed {
+			exts = append(exts, t.extent)
 		}
-		if s < segs-1 {
-			hi = contrib[b].first
+		for _, p := range t.pieces {
+			if t.rewrite == "" {
+				g.Go(func() error { return p.copy(gctx, sstable.WriterOptions{}, "") })
+			}
+			g.Go(func() error { return p.verifyNew(gctx, db) })
 		}
-		g.Go(func() (err error) {
-			counts[s], err = verifySegment(gctx, db, o, lo, hi, contrib[a:b])
-			return err
-		})
+	}
+	slices.SortFunc(exts, func(a, b span) int {
+		switch {
+		case a.lo == nil:
+			return -1
+		case b.lo == nil:
+			return 1
+		}
+		return bytes.Compare(a.lo, b.lo)
+	})
+	// The gaps around the extents: below the first, between, above the last.
+	gap, open := span{}, true
+	for _, e := range exts {
+		if e.lo != nil && (open || bytes.Compare(gap.lo, e.lo) < 0) {
+			gp := span{gap.lo, e.lo}
+			g.Go(func() error { return noKeys(gctx, db, o, gp) })
+		}
+		if e.hi == nil {
+			open = false
+			gap.lo = nil
+			break
+		}
+		gap, open = span{lo: e.hi}, false
+	}
+	if gap.lo != nil || len(exts) == 0 {
+		gp := span{lo: gap.lo}
+		g.Go(func() error { return noKeys(gctx, db, o, gp) })
 	}
 	if err := g.Wait(); err != nil {
 		return 0, err
 	}
 	var keys int64
-	for _, n := range counts {
-		keys += n
+	for _, t := range olds {
+		for _, p := range t.pieces {
+			if p.newKeys != p.keys || p.newSHA256 != p.sha256 {
+				return 0, fmt.Errorf("rescale restore: the new store holds %d keys (sha256 %s) in [%x, %x) from task %s, its checkpoint %d holds %d (sha256 %s)",
+					p.newKeys, p.newSHA256, p.lo, p.hi, t.task, t.m.Checkpoint, p.keys, p.sha256)
+			}
+			keys += p.newKeys
+		}
 	}
 	return keys, nil
 }
 
-// verifySegment checks the new store's keys in [lo, hi) (nil: open)
-// against pieces, the pieces whose keys lie there, in order.
-func verifySegment(ctx context.Context, db *pebble.DB, o RescaleOptions, lo, hi []byte, pieces []*piece) (int64, error) {
-	it, err := db.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: lo, UpperBound: hi})
-	if err != nil {
-		return 0, fmt.Errorf("rescale restore: read the new store: %w", err)
-	}
-	defer it.Close()
-	var keys int64
-	i := -1
-	var h hash.Hash
-	var count int64
-	done := func() error {
-		if i < 0 {
-			return nil
-		}
-		p := pieces[i]
-		if got := hex.EncodeToString(h.Sum(nil)); count != p.keys || got != p.sha256 {
-			return fmt.Errorf("rescale restore: the new store holds %d keys (sha256 %s) in [%x, %x] from task %s, its checkpoint %d holds %d (sha256 %s)",
-				count, got, p.first, p.last, p.t.task, p.t.m.Checkpoint, p.keys, p.sha256)
-		}
+// verifyNew counts and hashes the new store's keys in the piece, clipped
+// to its task's extent.
+func (p *piece) verifyNew(ctx context.Context, db *pebble.DB) error {
+	h := sha256.New()
+	defer func() { p.newSHA256 = hex.EncodeToString(h.Sum(nil)) }()
+	s, ok := span{p.lo, p.hi}.clip(p.t.extent)
+	if !p.t.keyed || !ok {
 		return nil
 	}
+	it, err := db.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: s.lo, UpperBound: s.hi})
+	if err != nil {
+		return fmt.Errorf("rescale restore: read the new store: %w", err)
+	}
+	defer it.Close()
 	for valid := it.First(); valid; valid = it.Next() {
-		keys++
-		if keys%4096 == 0 && ctx.Err() != nil {
-			return 0, ctx.Err()
-		}
-		k := it.Key()
-		if (o.Start != nil && bytes.Compare(k, o.Start) < 0) || (o.End != nil && bytes.Compare(k, o.End) >= 0) {
-			return 0, fmt.Errorf("rescale restore: the new store holds key %x outside the range [%x, %x)", k, o.Start, o.End)
-		}
-		for i < 0 || bytes.Compare(k, pieces[i].last) > 0 {
-			if err := done(); err != nil {
-				return 0, err
-			}
-			i++
-			if i >= len(pieces) {
-				return 0, fmt.Errorf("rescale restore: the new store holds key %x, which no old task holds", k)
-			}
-			h, count = sha256.New(), 0
-		}
-		if bytes.Compare(k, pieces[i].first) < 0 {
-			return 0, fmt.Errorf("rescale restore: the new store holds key %x, which no old task holds", k)
+		if p.newKeys%4096 == 0 && ctx.Err() != nil {
+			return ctx.Err()
 		}
 		v, err := it.ValueAndErr()
 		if err != nil {
-			return 0, fmt.Errorf("rescale restore: read the new store: %w", err)
+			return fmt.Errorf("rescale restore: read the new store: %w", err)
 		}
-		hashKV(h, k, v)
-		count++
+		hashKV(h, it.Key(), v)
+		p.newKeys++
 	}
 	if err := it.Error(); err != nil {
-		return 0, fmt.Errorf("rescale restore: read the new store: %w", err)
+		return fmt.Errorf("rescale restore: read the new store: %w", err)
 	}
-	if err := done(); err != nil {
-		return 0, err
+	return nil
+}
+
+// noKeys checks that the new store holds no key in s, where no old task
+// put any.
+func noKeys(ctx context.Context, db *pebble.DB, o RescaleOptions, s span) error {
+	it, err := db.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: s.lo, UpperBound: s.hi})
+	if err != nil {
+		return fmt.Errorf("rescale restore: read the new store: %w", err)
 	}
-	if i+1 < len(pieces) {
-		p := pieces[i+1]
-		return 0, fmt.Errorf("rescale restore: the new store holds none of the %d keys in [%x, %x] of task %s", p.keys, p.first, p.last, p.t.task)
+	defer it.Close()
+	if it.First() {
+		k := it.Key()
+		if !(span{o.Start, o.End}).contains(k) {
+			return fmt.Errorf("rescale restore: the new store holds key %x outside the range [%x, %x)", k, o.Start, o.End)
+		}
+		return fmt.Errorf("rescale restore: the new store holds key %x, which no old task holds", k)
 	}
-	return keys, nil
+	if err := it.Error(); err != nil {
+		return fmt.Errorf("rescale restore: read the new store: %w", err)
+	}
+	return nil
 }
 
 // quiet drops Pebble's informational logs (WAL replay lines).
