@@ -3,7 +3,6 @@ package restore
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"os"
 	"path/filepath"
@@ -69,14 +68,14 @@ func newStore(t *testing.T, kvs ...string) string {
 // rewritten is an old task whose rewrite read kvs (sorted) in one piece
 // [lo, hi) of the range.
 func rewritten(task, lo, hi string, kvs ...string) *oldTask {
-	h := sha256.New()
+	h := newPairHash()
 	t := &oldTask{task: task, m: &manifests.Manifest{Checkpoint: 1}, rewrite: "test", copied: true}
 	p := &piece{t: t, lo: []byte(lo), hi: []byte(hi)}
 	for i := 0; i+1 < len(kvs); i += 2 {
 		hashKV(h, []byte(kvs[i]), []byte(kvs[i+1]))
 		p.keys++
 	}
-	p.sha256 = hex.EncodeToString(h.Sum(nil))
+	p.sum = hex.EncodeToString(h.Sum(nil))
 	p.first, p.last = []byte(kvs[0]), []byte(kvs[len(kvs)-2])
 	t.pieces = []*piece{p}
 	t.keysSpan()
