@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"github.com/ckpt-io/ckpt/protocol"
 	"go.opentelemetry.io/otel"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -736,6 +737,9 @@ func fromStorage(ctx context.Context, s storage.Store, dir *os.File, f manifests
 		}
 		return nil
 	}
+	if rr, ok := ranged(s, f); ok {
+		return fetchRanged(ctx, rr, dir, f, progress)
+	}
 	rc, err := s.Get(ctx, f.Key)
 	if err != nil {
 		return err
@@ -766,8 +770,8 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 	}
 	out := os.NewFile(uintptr(fd), full)
 	defer out.Close()
-	h := sha256.New()
-	w := io.MultiWriter(out, h)
+	v := newVerifier(f)
+	w := io.MultiWriter(out, v)
 	var n int64
 	bp := fsutil.GetBuf()
 	defer fsutil.PutBuf(bp)
@@ -796,11 +800,8 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 			return rerr
 		}
 	}
-	if n != f.Size {
-		return fmt.Errorf("got %d bytes, the manifest says %d", n, f.Size)
-	}
-	if got := hex.EncodeToString(h.Sum(nil)); got != f.SHA256 {
-		return fmt.Errorf("sha256 %s does not match the manifest's %s: the stored object is corrupt", got, f.SHA256)
+	if err := v.check(); err != nil {
+		return err
 	}
 	// Each file is made durable by its own worker, in parallel. (One
 	// syncfs(2) for the whole tree would wait for every dirty page of the
@@ -812,4 +813,32 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 		return err
 	}
 	return out.Close()
+}
+
+// verifier checks a file's bytes against the manifest: its size and its
+// content hash (SHA-256). Every restored byte, local or remote, whole or
+// in pieces, goes through one; it is the one place that knows the hash.
+type verifier struct {
+	f manifests.File
+	h hash.Hash
+	n int64
+}
+
+func newVerifier(f manifests.File) *verifier { return &verifier{f: f, h: sha256.New()} }
+
+// Write hashes p, the next bytes of the file in order.
+func (v *verifier) Write(p []byte) (int, error) {
+	v.n += int64(len(p))
+	return v.h.Write(p)
+}
+
+// check reports whether the bytes written were the manifest's file.
+func (v *verifier) check() error {
+	if v.n != v.f.Size {
+		return fmt.Errorf("got %d bytes, the manifest says %d", v.n, v.f.Size)
+	}
+	if got := hex.EncodeToString(v.h.Sum(nil)); got != v.f.SHA256 {
+		return fmt.Errorf("sha256 %s does not match the manifest's %s: the stored object is corrupt", got, v.f.SHA256)
+	}
+	return nil
 }
