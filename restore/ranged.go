@@ -26,8 +26,8 @@ import (
 // connections. The values were measured (docs/performance.md, "Large
 // files, round two").
 const (
-	rangedMin      = 16 << 20
-	pieceSize      = 8 << 20
+	rangedMin      = 2 * pieceSize
+	pieceSize      = 16 << 20
 	piecesInFlight = 4
 )
 
@@ -45,8 +45,9 @@ func ranged(s storage.Store, f manifests.File) (storage.RangeReader, bool) {
 // as it and every piece before it are written, so the hash of a file is
 // done moments after its last byte. Each piece's writeback starts as soon
 // as it is written (sync_file_range), so the fdatasync that makes the file
-// durable at the end waits for little. A piece the store returns short or
-// long fails the file, and with it the restore.
+// durable (syncAll, before the store is placed) waits for little. A
+// piece the store returns short or long fails the file, and with it the
+// restore.
 func fetchRanged(ctx context.Context, rr storage.RangeReader, dir *os.File, f manifests.File, progress func(int64)) error {
 	full := filepath.Join(dir.Name(), f.Name) // for messages
 	fd, err := unix.Openat(int(dir.Fd()), f.Name, unix.O_RDWR|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o644)
@@ -112,13 +113,7 @@ func fetchRanged(ctx context.Context, rr storage.RangeReader, dir *os.File, f ma
 	if err := v.check(); err != nil {
 		return err
 	}
-	if err := failpoint.Error(failpoint.LocalSync); err != nil {
-		return &os.PathError{Op: "sync", Path: full, Err: err}
-	}
-	if err := unix.Fdatasync(fd); err != nil {
-		return &os.PathError{Op: "sync", Path: full, Err: err}
-	}
-	return out.Close()
+	return out.Close() // made durable by syncAll
 }
 
 // fetchPiece writes the piece of f's object at off (pieceSize bytes, or

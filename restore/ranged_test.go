@@ -21,9 +21,9 @@ import (
 	"github.com/ckpt-io/ckpt/uploader"
 )
 
-// bigSize is an object fetched in ranged pieces: two whole 8 MiB pieces
-// and a short last one, above the 16 MiB from which objects are ranged.
-const bigSize = 2*(8<<20) + (3 << 20) + 7
+// bigSize is an object fetched in ranged pieces: two whole 16 MiB pieces
+// and a short last one, above the 32 MiB from which objects are ranged.
+const bigSize = 2*(16<<20) + (3 << 20) + 7
 
 // rangeStore is a decorator that counts ranged and whole reads of the
 // store it wraps and can make its ranged reads misbehave.
