@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/client"
+	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/internal/human"
 	"github.com/ckpt-io/ckpt/restore"
 )
@@ -73,6 +74,15 @@ type ShapeIncrement struct {
 	RcloneMS   []float64 `json:"rclone_ms"`
 	Ckpt       MinMedian `json:"ckpt"`
 	Rclone     MinMedian `json:"rclone"`
+	// The controls, once per round after ckpt's increment: one Put of the
+	// new file's bytes to the same server under another key (no hashing,
+	// nothing else), and SHA-256 of the file from the page cache. A
+	// content-addressed upload needs the hash before the Put can name
+	// its key, so their sum is the floor of this checkpoint on this server.
+	ControlPutMS    []float64 `json:"control_put_ms"`
+	ControlSHA256MS []float64 `json:"control_sha256_ms"`
+	ControlPut      MinMedian `json:"control_put"`
+	ControlSHA256   MinMedian `json:"control_sha256"`
 }
 
 func minMedian(xs []float64, bytes int64) MinMedian {
@@ -209,6 +219,7 @@ func (r *run) shapes(ctx context.Context) error {
 		sh.Shapes = append(sh.Shapes, s)
 		if inc != nil {
 			inc.Ckpt, inc.Rclone = minMedian(inc.CkptMS, added), minMedian(inc.RcloneMS, added)
+			inc.ControlPut, inc.ControlSHA256 = minMedian(inc.ControlPutMS, added), minMedian(inc.ControlSHA256MS, added)
 			sh.Increment = inc
 			r.logf("shapes: +%s on %s: ckpt %.0f ms, rclone %.0f ms (medians)", human.Bytes(added), human.Bytes(s.Bytes), inc.Ckpt.MedianMS, inc.Rclone.MedianMS)
 		}
@@ -294,6 +305,11 @@ func (r *run) shapeRound(ctx context.Context, a *inproc, rcEnv []string, rclone 
 			return fmt.Errorf("ckpt increment shipped %d files, %d bytes, want the new file's %d and the manifest", e.ev.FilesUploaded, e.ev.CheckpointSize, inc.AddedBytes)
 		}
 		inc.CkptMS, inc.PauseMS = append(inc.CkptMS, ms(e.total)), append(inc.PauseMS, ms(e.pause))
+		put, hash, err := incrementControls(ctx, a, filepath.Join(one, newName), fmt.Sprintf("bench-%s-control/put-%d-%d", r.id, si, i))
+		if err != nil {
+			return err
+		}
+		inc.ControlPutMS, inc.ControlSHA256MS = append(inc.ControlPutMS, ms(put)), append(inc.ControlSHA256MS, ms(hash))
 		if rclone {
 			// rclone copy of the source plus the new file: it lists both
 			// sides and sends the one file that is new.
@@ -319,6 +335,33 @@ func (r *run) shapeRound(ctx context.Context, a *inproc, rcEnv []string, rclone 
 	return nil
 }
 
+// incrementControls times one Put of the file at path to key through the
+// agent's store, and SHA-256 of the file.
+func incrementControls(ctx context.Context, a *inproc, path, key string) (put, hash time.Duration, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, 0, err
+	}
+	t0 := time.Now()
+	if _, _, err := fsutil.HashReader(ctx, f); err != nil {
+		return 0, 0, err
+	}
+	hash = time.Since(t0)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return 0, 0, err
+	}
+	t0 = time.Now()
+	if err := a.store.Put(ctx, key, f, fi.Size()); err != nil {
+		return 0, 0, fmt.Errorf("control put: %w", err)
+	}
+	return time.Since(t0), hash, nil
+}
+
 // printShapes writes the shapes section of the human report.
 func (r *Report) printShapes(w io.Writer) {
 	sh := r.Shapes
@@ -335,8 +378,8 @@ func (r *Report) printShapes(w io.Writer) {
 	}
 	tw.Flush()
 	if inc := sh.Increment; inc != nil {
-		fmt.Fprintf(w, "Adding %s to %s: ckpt %s end to end (pause %v ms), rclone copy %s\n", human.Bytes(inc.AddedBytes), human.Bytes(inc.StateBytes),
-			mm(inc.Ckpt), inc.PauseMS, mm(inc.Rclone))
+		fmt.Fprintf(w, "Adding %s to %s: ckpt %s end to end (pause %v ms), rclone copy %s; controls: one Put of the file %s, SHA-256 of it %s\n",
+			human.Bytes(inc.AddedBytes), human.Bytes(inc.StateBytes), mm(inc.Ckpt), inc.PauseMS, mm(inc.Rclone), mm(inc.ControlPut), mm(inc.ControlSHA256))
 	}
 	if sh.Rclone != "" {
 		fmt.Fprintf(w, "rclone: %s\n", sh.Rclone)
