@@ -31,7 +31,10 @@
 //     (StateBytes of production-sized files), its peak RSS sampled from
 //     /proc/<pid>/status;
 //  8. a job of 4 Pebble tasks owning contiguous key ranges of RescaleBytes,
-//     rebuilt as 3 and as 6 tasks by rescale restores (rescale.go).
+//     rebuilt as 3 and as 6 tasks by rescale restores (rescale.go);
+//  9. two shapes of random files (16 x 64 MiB, 1,000 x 1 MiB) uploaded and
+//     restored by ckpt and rclone, three rounds each, and one 16 MiB file
+//     added to the large shape end to end (shapes.go).
 package bench
 
 import (
@@ -98,7 +101,7 @@ type Options struct {
 }
 
 // Sections, in the order they run.
-var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory", "rescale"}
+var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory", "rescale", "shapes"}
 
 func (o *Options) defaults() error {
 	if o.StateBytes == 0 {
@@ -266,6 +269,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		{"pause", r.pause},
 		{"memory", r.memory},
 		{"rescale", r.rescale},
+		{"shapes", r.shapes},
 	}
 	for _, s := range sections {
 		if err := ctx.Err(); err != nil {

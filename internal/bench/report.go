@@ -25,6 +25,7 @@ type Report struct {
 	Pause             []Pause            `json:"pause"`
 	Memory            *Memory            `json:"memory"`
 	Rescale           *Rescale           `json:"rescale"`
+	Shapes            *Shapes            `json:"shapes"`
 	// Series is the raw per-checkpoint series of the incremental section.
 	Series    []CheckpointSample `json:"series"`
 	Targets   []Target           `json:"targets"`
@@ -431,6 +432,21 @@ func (r *Report) finish() {
 		note = fmt.Sprintf("scaled: the checkpoint is %s, the target is stated for 4 GiB (run with --state-bytes 4GiB --only memory)", human.Bytes(m.CheckpointBytes))
 	}
 	add("agent peak RSS uploading a large checkpoint", m != nil, val(m, func(m *Memory) float64 { return float64(m.PeakRSSBytes) / (1 << 20) }), "MiB", "<=", 128, m != nil && m.Scaled, note)
+	if sh := r.Shapes; sh != nil {
+		note = ""
+		if sh.Rclone != "" {
+			note = sh.Rclone
+		}
+		for _, s := range sh.Shapes {
+			add(fmt.Sprintf("shape %s: upload vs rclone copy", s.Name), s.UploadVsRclone > 0, s.UploadVsRclone, "x", ">=", 4, r.Config.Quick, note)
+			add(fmt.Sprintf("shape %s: remote restore vs rclone copy", s.Name), s.RestoreVsRclone > 0 && s.Verified, s.RestoreVsRclone, "x", ">=", 1.5, r.Config.Quick, note)
+		}
+		if inc := sh.Increment; inc != nil {
+			add(fmt.Sprintf("checkpoint adding %s to %s of large files, end to end", human.Bytes(inc.AddedBytes), human.Bytes(inc.StateBytes)), len(inc.CkptMS) > 0,
+				inc.Ckpt.MedianMS/1000, "s", "<=", 0.05, r.Config.Quick, fmt.Sprintf("median of %d; rclone copy of the same file %.3f s; the floor on this server: one Put of the file %.3f s + its SHA-256 %.3f s (medians)",
+					len(inc.CkptMS), inc.Rclone.MedianMS/1000, inc.ControlPut.MedianMS/1000, inc.ControlSHA256.MedianMS/1000))
+		}
+	}
 	if rs := r.Rescale; rs != nil {
 		note = ""
 		if rs.Scaled {
@@ -570,6 +586,7 @@ func (r *Report) Print(w io.Writer) error {
 				sc.From, sc.To, sc.MS, sc.MaxTaskMS, human.Bytes(sc.Bytes), human.Bytes(sc.BytesInRange), sc.BytesRatio, sc.PlainSameStateMS, sc.TimeRatio, sc.Keys, sc.Verified)
 		}
 	}
+	r.printShapes(w)
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)
 	}

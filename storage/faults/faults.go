@@ -137,8 +137,9 @@ type Store struct {
 }
 
 var (
-	_ storage.Store     = (*Store)(nil)
-	_ storage.Unwrapper = (*Store)(nil)
+	_ storage.Store       = (*Store)(nil)
+	_ storage.Unwrapper   = (*Store)(nil)
+	_ storage.RangeReader = (*Store)(nil)
 )
 
 // New wraps inner so that its calls fail as opts says.
@@ -246,6 +247,15 @@ func (s *Store) write(ctx context.Context, op, key string, body io.ReadSeeker, s
 // Get opens the object; a MidBody fault breaks the returned reader after a
 // random number of bytes (up to 1 MiB, so small objects may read whole).
 func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
+	return s.get(ctx, key, func() (io.ReadCloser, error) { return s.inner.Get(ctx, key) })
+}
+
+// GetRange draws the faults of Get for a range of the object.
+func (s *Store) GetRange(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
+	return s.get(ctx, key, func() (io.ReadCloser, error) { return storage.Range(ctx, s.inner, key, off, length) })
+}
+
+func (s *Store) get(ctx context.Context, key string, open func() (io.ReadCloser, error)) (io.ReadCloser, error) {
 	k, err := s.draw(ctx, Transient, SlowDown, MidBody)
 	if err != nil {
 		return nil, err
@@ -253,7 +263,7 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	if k == Transient || k == SlowDown {
 		return nil, &Error{Op: "get", Key: key, Kind: k}
 	}
-	rc, err := s.inner.Get(ctx, key)
+	rc, err := open()
 	if err != nil || k != MidBody {
 		return rc, err
 	}

@@ -47,6 +47,7 @@ type Store struct {
 var (
 	_ storage.Store             = (*Store)(nil)
 	_ storage.IncompleteCleaner = (*Store)(nil)
+	_ storage.RangeReader       = (*Store)(nil)
 )
 
 // Open opens the store rooted at dir, which must be an absolute path to an
@@ -240,6 +241,25 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	}
 	return f, nil
 }
+
+// GetRange returns length bytes of the object from off, read with ReadAt
+// (pread) from the file, which several ranges may share.
+func (s *Store) GetRange(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
+	rc, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, err
+	}
+	f := rc.(*os.File)
+	return &fileRange{SectionReader: io.NewSectionReader(f, off, length), f: f}, nil
+}
+
+// fileRange is a section of an open file that closes the file.
+type fileRange struct {
+	*io.SectionReader
+	f *os.File
+}
+
+func (r *fileRange) Close() error { return r.f.Close() }
 
 func (s *Store) Stat(ctx context.Context, key string) (storage.ObjectInfo, error) {
 	p, err := s.path(key)

@@ -26,8 +26,9 @@ type Store struct {
 }
 
 var (
-	_ storage.Store     = (*Store)(nil)
-	_ storage.Unwrapper = (*Store)(nil)
+	_ storage.Store       = (*Store)(nil)
+	_ storage.Unwrapper   = (*Store)(nil)
+	_ storage.RangeReader = (*Store)(nil)
 )
 
 // New wraps inner; the metrics come from the global meter provider and
@@ -99,6 +100,17 @@ func (s *Store) Create(ctx context.Context, key string, body io.ReadSeeker, size
 func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	start := time.Now()
 	rc, err := s.inner.Get(ctx, key)
+	s.record(ctx, "get", start, err)
+	if err != nil {
+		return nil, err
+	}
+	return &countingReader{ReadCloser: rc, done: func(n int64) { s.moved(ctx, "down", n) }}, nil
+}
+
+// GetRange is metered as a get.
+func (s *Store) GetRange(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
+	start := time.Now()
+	rc, err := storage.Range(ctx, s.inner, key, off, length)
 	s.record(ctx, "get", start, err)
 	if err != nil {
 		return nil, err

@@ -33,8 +33,9 @@ type Store struct {
 }
 
 var (
-	_ storage.Store     = (*Store)(nil)
-	_ storage.Unwrapper = (*Store)(nil)
+	_ storage.Store       = (*Store)(nil)
+	_ storage.Unwrapper   = (*Store)(nil)
+	_ storage.RangeReader = (*Store)(nil)
 )
 
 // New wraps inner with the given limits. With both limits unlimited the
@@ -86,6 +87,18 @@ func (s *Store) Create(ctx context.Context, key string, body io.ReadSeeker, size
 // The reader honours ctx while it waits.
 func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	rc, err := s.inner.Get(ctx, key)
+	if err != nil || s.down == nil {
+		return rc, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{&reader{ctx, rc, s.down}, rc}, nil
+}
+
+// GetRange is Get's limit on a range of the object.
+func (s *Store) GetRange(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
+	rc, err := storage.Range(ctx, s.inner, key, off, length)
 	if err != nil || s.down == nil {
 		return rc, err
 	}

@@ -26,6 +26,9 @@
 //     This assumes the object does not change between attempts, which holds
 //     for ckpt's write-once keys (a Put replacing a key with different bytes
 //     while it is being read is outside the contract of this decorator).
+//   - GetRange retries opening the range and, after a transient error in
+//     its body, opens the rest of the range (never re-reads what it
+//     returned).
 //   - List retries and skips the keys it already passed to fn (List is in
 //     lexical key order), so fn sees every key once.
 //   - Stat and Delete are retried as they are (Delete ignores missing keys,
@@ -96,8 +99,9 @@ type Store struct {
 }
 
 var (
-	_ storage.Store     = (*Store)(nil)
-	_ storage.Unwrapper = (*Store)(nil)
+	_ storage.Store       = (*Store)(nil)
+	_ storage.Unwrapper   = (*Store)(nil)
+	_ storage.RangeReader = (*Store)(nil)
 )
 
 // New wraps inner so that transient failures are retried.
@@ -264,6 +268,25 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	return &resumingReader{s: s, ctx: ctx, key: key, rc: rc}, nil
 }
 
+// GetRange opens a range of the object, retrying the open; a transient
+// error while reading the body opens the rest of the range again.
+func (s *Store) GetRange(ctx context.Context, key string, off, length int64) (io.ReadCloser, error) {
+	open := func(done int64) (io.ReadCloser, error) {
+		var rc io.ReadCloser
+		err := s.do(ctx, "get", key, func(int) error {
+			var err error
+			rc, err = storage.Range(ctx, s.inner, key, off+done, length-done)
+			return err
+		})
+		return rc, err
+	}
+	rc, err := open(0)
+	if err != nil {
+		return nil, err
+	}
+	return &resumingReader{s: s, ctx: ctx, key: key, rc: rc, openAt: open, length: length}, nil
+}
+
 // resumingReader reopens the object after a transient read error and skips
 // the bytes it already returned.
 type resumingReader struct {
@@ -273,6 +296,10 @@ type resumingReader struct {
 	rc       io.ReadCloser
 	off      int64
 	failures int
+	// openAt, for a range of length bytes, opens the rest of the range
+	// after done bytes (nil for a whole object: reopened and skipped).
+	openAt func(done int64) (io.ReadCloser, error)
+	length int64
 }
 
 func (r *resumingReader) Read(p []byte) (int, error) {
@@ -309,6 +336,17 @@ func (r *resumingReader) reopen(cause error) error {
 		}
 		if err := r.s.opts.Sleep(r.ctx, d); err != nil {
 			return fmt.Errorf("get %s: %w (while backing off after: %v)", r.key, err, cause)
+		}
+		if r.openAt != nil {
+			if r.off >= r.length {
+				return fmt.Errorf("get %s: %w", r.key, cause)
+			}
+			rc, err := r.openAt(r.off)
+			if err != nil {
+				return err
+			}
+			r.rc = rc
+			return nil
 		}
 		rc, err := r.s.Get(r.ctx, r.key)
 		if err != nil {

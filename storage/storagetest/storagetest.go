@@ -52,6 +52,7 @@ func Run(t *testing.T, newStore func(t *testing.T) storage.Store, opts Options) 
 		{"a large object round-trips", func(t *testing.T, s storage.Store) { testLarge(t, s, opts.LargeSize) }},
 		{"a cancelled context stops a put", testCancelled},
 		{"invalid keys are refused", testInvalidKeys},
+		{"ranges read the bytes asked for, through decorators too", testRange},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -446,5 +447,40 @@ func ConnectionReuse(t *testing.T, s storage.Store) {
 	// one anyway.
 	if n, r := requests.Load(), reused.Load(); n < 9 || r < n-1 {
 		t.Fatalf("%d requests, %d on a reused connection; want all but at most one", n, r)
+	}
+}
+
+// testRange reads ranges of an object (first byte, across the boundaries
+// of pieces a reader would cut, the short last piece, the whole object)
+// through the backend's RangeReader and through a chain of decorators
+// that must pass it on; a missing key says not found.
+func testRange(t *testing.T, s storage.Store) {
+	if _, ok := storage.AsRangeReader(s); !ok {
+		t.Skip("the store reads no ranges")
+	}
+	const piece = 64 << 10
+	data := randBytes(t, 3*piece+12345)
+	put(t, s, "range/obj", data)
+	size := int64(len(data))
+	cases := [][2]int64{{0, 1}, {0, piece}, {piece - 1, 2}, {piece, piece}, {2*piece - 100, piece + 200}, {3 * piece, size - 3*piece}, {size - 1, 1}, {0, size}}
+	for _, c := range cases {
+		rc, err := storage.Range(ctx(t), s, "range/obj", c[0], c[1])
+		if err != nil {
+			t.Fatalf("range %d+%d: %v", c[0], c[1], err)
+		}
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if err != nil {
+			t.Fatalf("range %d+%d: read: %v", c[0], c[1], err)
+		}
+		if !bytes.Equal(got, data[c[0]:c[0]+c[1]]) {
+			t.Fatalf("range %d+%d: got %d bytes, not the object's bytes there", c[0], c[1], len(got))
+		}
+	}
+	if _, err := storage.Range(ctx(t), s, "range/missing", 0, 10); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("range of a missing key: %v, want ErrNotFound", err)
+	}
+	if _, err := storage.Range(ctx(t), s, "range/obj", -1, 10); err == nil {
+		t.Fatal("a negative offset was accepted")
 	}
 }
