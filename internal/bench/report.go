@@ -25,6 +25,7 @@ type Report struct {
 	Pause             []Pause            `json:"pause"`
 	Memory            *Memory            `json:"memory"`
 	Rescale           *Rescale           `json:"rescale"`
+	Scale             *Scale             `json:"scale"`
 	// Series is the raw per-checkpoint series of the incremental section.
 	Series    []CheckpointSample `json:"series"`
 	Targets   []Target           `json:"targets"`

@@ -1,0 +1,403 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/storage"
+)
+
+// ScaleObjects is one job size of the listing curve: a job of Objects
+// shared objects on S3, of which Live are referenced by the retained
+// checkpoints of Tasks tasks (two each; neighbouring checkpoints of a task
+// share most of their objects) and the rest are garbage older than the
+// grace period. GC, `ckpt list` and `ckpt verify` run against it as child
+// processes, through a proxy that counts their requests.
+type ScaleObjects struct {
+	Objects     int   `json:"objects"`
+	Live        int   `json:"live"`
+	Garbage     int   `json:"garbage"`
+	Tasks       int   `json:"tasks"`
+	Checkpoints int   `json:"checkpoints"`
+	ObjectBytes int64 `json:"object_bytes"`
+	// References is the files the retained manifests name (shared objects
+	// counted once per manifest).
+	References int `json:"references"`
+	// Seed says how the objects were stored, SeedMS how long it took.
+	Seed   string  `json:"seed"`
+	SeedMS float64 `json:"seed_ms"`
+	// ListingMS is the control: one listing of the job's shared objects by
+	// this process, through the same proxy (ListingRequests requests).
+	ListingMS       float64 `json:"listing_ms"`
+	ListingRequests int64   `json:"listing_requests"`
+	// Commands are the ckpt commands run against the job, in order.
+	Commands []ScaleCommand `json:"commands"`
+}
+
+// ScaleCommand is one ckpt command run against a scale job.
+type ScaleCommand struct {
+	// Name is "list", "verify", "gc (marks)" or "gc (deletes)".
+	Name string   `json:"name"`
+	Args []string `json:"args"`
+	MS   float64  `json:"ms"`
+	// Requests counts the requests it sent, by kind (GET, HEAD, PUT,
+	// DELETE, LIST, POST, ...), and RequestsTotal all of them.
+	Requests      map[string]int64 `json:"requests"`
+	RequestsTotal int64            `json:"requests_total"`
+	// MaxRSSBytes is the process's peak RSS (getrusage's maxrss).
+	MaxRSSBytes int64 `json:"max_rss_bytes"`
+	// Result is the command's --json output.
+	Result json.RawMessage `json:"result"`
+}
+
+// scaleObjectBytes is the size of every object of a scale job: small, so
+// that a million fit, and distinct.
+const scaleObjectBytes = 512
+
+// scaleTasks is the tasks of a scale job.
+const scaleTasks = 4
+
+// scaleObjects builds a job of n objects and runs GC, list and verify on it.
+func (r *run) scaleObjects(ctx context.Context, n int) (*ScaleObjects, error) {
+	live := n * 9 / 10
+	fig := &ScaleObjects{Objects: n, Live: live, Garbage: n - live, Tasks: scaleTasks, Checkpoints: 2 * scaleTasks, ObjectBytes: scaleObjectBytes, Commands: []ScaleCommand{}}
+	job := r.jobName(fmt.Sprintf("objects-%d", n))
+	st, err := r.tgt.open(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	t0 := time.Now()
+	if err := r.seedObjects(ctx, st, job, fig); err != nil {
+		return nil, fmt.Errorf("seed: %w", err)
+	}
+	fig.SeedMS = ms(time.Since(t0))
+	r.logf("scale: job of %d objects (%d live in %d checkpoints, %d references) seeded in %.1f s (%s)", n, live, fig.Checkpoints, fig.References, fig.SeedMS/1000, fig.Seed)
+
+	px, err := startCountingProxy(r.tgt.endpoint)
+	if err != nil {
+		return nil, err
+	}
+	defer px.close()
+	u, err := url.Parse(r.storageURL())
+	if err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("endpoint", px.url)
+	u.RawQuery = q.Encode()
+	storageURL := u.String()
+
+	// The control: one listing of the shared objects, through the proxy.
+	pst, err := openS3At(ctx, r.tgt, px.url)
+	if err != nil {
+		return nil, err
+	}
+	px.reset()
+	t0 = time.Now()
+	listed := 0
+	err = pst.List(ctx, manifests.SharedPrefix(job), func(storage.ObjectInfo) error { listed++; return nil })
+	fig.ListingMS = ms(time.Since(t0))
+	pst.Close()
+	if err != nil {
+		return nil, fmt.Errorf("list the shared objects: %w", err)
+	}
+	_, fig.ListingRequests = px.counts()
+	if listed != n {
+		return nil, fmt.Errorf("listing found %d shared objects, seeded %d", listed, n)
+	}
+	r.logf("scale: %d objects listed in %.1f s (%d requests)", listed, fig.ListingMS/1000, fig.ListingRequests)
+
+	common := []string{"--storage", storageURL, "--job", job, "--json"}
+	// GC marks the garbage in one collection and deletes it in the next
+	// (the mark delay is lowered to 0 for the bench, as tests do).
+	gcEnv := []string{manifests.UnsafeGCMarkDelayEnv + "=0s"}
+	for _, c := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"list", append([]string{"list"}, common...), nil},
+		{"verify", append([]string{"verify", "--parallelism", "8"}, common...), nil},
+		{"gc (marks)", append([]string{"gc", "--grace", "1h"}, common...), gcEnv},
+		{"gc (deletes)", append([]string{"gc", "--grace", "1h"}, common...), gcEnv},
+	} {
+		cmd, err := r.runCounted(ctx, px, c.name, c.args, c.env)
+		if err != nil {
+			return nil, err
+		}
+		fig.Commands = append(fig.Commands, *cmd)
+		r.logf("scale: %d objects: ckpt %s: %.1f s, %d requests %v, max RSS %.1f MiB", n, c.name, cmd.MS/1000, cmd.RequestsTotal, cmd.Requests, float64(cmd.MaxRSSBytes)/(1<<20))
+	}
+	if err := checkScaleResults(fig); err != nil {
+		return nil, err
+	}
+	return fig, nil
+}
+
+// checkScaleResults checks what the commands reported against the job.
+func checkScaleResults(fig *ScaleObjects) error {
+	for _, c := range fig.Commands {
+		switch c.Name {
+		case "list":
+			var out []json.RawMessage
+			if err := json.Unmarshal(c.Result, &out); err != nil || len(out) != fig.Checkpoints {
+				return fmt.Errorf("ckpt list listed %d checkpoints (%v), want %d", len(out), err, fig.Checkpoints)
+			}
+		case "verify":
+			var out struct {
+				Objects int  `json:"objects"`
+				OK      bool `json:"ok"`
+			}
+			if err := json.Unmarshal(c.Result, &out); err != nil || !out.OK || out.Objects != fig.Live {
+				return fmt.Errorf("ckpt verify: ok %v, %d objects read (%v), want ok and %d", out.OK, out.Objects, err, fig.Live)
+			}
+		case "gc (marks)", "gc (deletes)":
+			var out manifests.GCReport
+			if err := json.Unmarshal(c.Result, &out); err != nil {
+				return fmt.Errorf("ckpt %s: %w", c.Name, err)
+			}
+			want := manifests.GCReport{LiveObjects: fig.Live, MarkedObjects: fig.Garbage}
+			if c.Name == "gc (deletes)" {
+				want = manifests.GCReport{LiveObjects: fig.Live, DeletedObjects: fig.Garbage}
+			}
+			if out.LiveObjects != want.LiveObjects || out.MarkedObjects != want.MarkedObjects || out.DeletedObjects != want.DeletedObjects {
+				return fmt.Errorf("ckpt %s: %d live, %d marked, %d deleted; want %d, %d, %d", c.Name,
+					out.LiveObjects, out.MarkedObjects, out.DeletedObjects, want.LiveObjects, want.MarkedObjects, want.DeletedObjects)
+			}
+		}
+	}
+	return nil
+}
+
+// runCounted runs `ckpt args...` with env added, counting its requests.
+func (r *run) runCounted(ctx context.Context, px *countingProxy, name string, args, env []string) (*ScaleCommand, error) {
+	exe, err := r.ckptExe(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, exe, args...)
+	cmd.Env = append(append(os.Environ(), r.tgt.env...), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	px.reset()
+	t0 := time.Now()
+	err = cmd.Run()
+	d := time.Since(t0)
+	if err != nil {
+		return nil, fmt.Errorf("ckpt %s: %v: %s", name, err, strings.TrimSpace(stderr.String()))
+	}
+	c := &ScaleCommand{Name: name, Args: args, MS: ms(d), Result: json.RawMessage(bytes.TrimSpace(stdout.Bytes()))}
+	c.Requests, c.RequestsTotal = px.counts()
+	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
+		c.MaxRSSBytes = ru.Maxrss << 10 // KiB on Linux
+	}
+	return c, nil
+}
+
+// seedObjects stores the job's objects and commits its manifests. With the
+// bench's own versitygw the objects are written as files into its posix
+// directory (as versitygw stores them: one file per key; the etag it keeps
+// in an extended attribute is not needed to read, list or delete them),
+// else by PUTs, 16 at a time. The garbage objects are made two days old.
+func (r *run) seedObjects(ctx context.Context, st storage.Store, job string, fig *ScaleObjects) error {
+	posix := ""
+	if r.tgt.pid != 0 && r.tgt.dataDir != "" {
+		posix = filepath.Join(r.tgt.dataDir, r.tgt.bucket)
+		fig.Seed = "files written into versitygw's posix directory"
+	} else {
+		fig.Seed = "PUTs, 16 at a time"
+	}
+	old := time.Now().Add(-48 * time.Hour)
+	// content returns object i: its index, then bytes from a stream seeded by it.
+	content := func(i int, buf []byte) {
+		var seed [32]byte
+		binary.LittleEndian.PutUint64(seed[:], uint64(i))
+		copy(seed[8:], job)
+		rand.NewChaCha8(seed).Read(buf)
+		binary.LittleEndian.PutUint64(buf, uint64(i))
+	}
+	// write stores objects [lo, hi) and returns their SHA-256s.
+	write := func(lo, hi int, garbage bool) ([]string, error) {
+		shas := make([]string, hi-lo)
+		g, gctx := errgroup.WithContext(ctx)
+		workers := 16
+		if posix != "" {
+			workers = 4
+		}
+		var next atomic.Int64
+		next.Store(int64(lo))
+		for range workers {
+			g.Go(func() error {
+				buf := make([]byte, scaleObjectBytes)
+				for {
+					i := int(next.Add(1) - 1)
+					if i >= hi || gctx.Err() != nil {
+						return gctx.Err()
+					}
+					content(i, buf)
+					sum := sha256.Sum256(buf)
+					sha := hex.EncodeToString(sum[:])
+					shas[i-lo] = sha
+					key := manifests.SharedKey(job, sha, scaleObjectBytes)
+					if posix == "" {
+						if err := st.Put(gctx, key, bytes.NewReader(buf), scaleObjectBytes); err != nil {
+							return err
+						}
+						continue
+					}
+					p := filepath.Join(posix, filepath.FromSlash(key))
+					if err := os.WriteFile(p, buf, 0o644); err != nil {
+						if !errors.Is(err, os.ErrNotExist) {
+							return err
+						}
+						if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+							return err
+						}
+						if err := os.WriteFile(p, buf, 0o644); err != nil {
+							return err
+						}
+					}
+					if garbage {
+						if err := os.Chtimes(p, old, old); err != nil {
+							return err
+						}
+					}
+				}
+			})
+		}
+		return shas, g.Wait()
+	}
+	if posix == "" && fig.Garbage > 0 {
+		fig.Seed += "; the garbage is young (PUTs set the time), so GC keeps it"
+	}
+	// Garbage first: objects no manifest names.
+	if _, err := write(fig.Live, fig.Objects, true); err != nil {
+		return err
+	}
+	per := fig.Live / scaleTasks
+	for t := range scaleTasks {
+		lo, hi := t*per, (t+1)*per
+		if t == scaleTasks-1 {
+			hi = fig.Live
+		}
+		shas, err := write(lo, hi, false)
+		if err != nil {
+			return err
+		}
+		// Checkpoint 1 names the first 90% of the task's objects,
+		// checkpoint 2 the last 90%: they share 80%.
+		cut := (hi - lo) / 10
+		task := fmt.Sprintf("task-%d", t)
+		for c, span := range [][2]int{{0, hi - lo - cut}, {cut, hi - lo}} {
+			m := &manifests.Manifest{Job: job, Task: task, Checkpoint: uint64(c + 1), Created: time.Now().UTC(), Engine: "pebble", AgentID: "bench"}
+			if c == 1 {
+				m.Parent = 1
+			}
+			for i := span[0]; i < span[1]; i++ {
+				m.Files = append(m.Files, manifests.File{Name: fmt.Sprintf("%07d.sst", i+1), Kind: manifests.Shared, Size: scaleObjectBytes,
+					SHA256: shas[i], Key: manifests.SharedKey(job, shas[i], scaleObjectBytes), Uploaded: c == 0 || i >= hi-lo-cut})
+				m.FullSize += scaleObjectBytes
+				if m.Files[len(m.Files)-1].Uploaded {
+					m.FilesUploaded++
+				} else {
+					m.FilesReused++
+				}
+			}
+			sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+			enc, err := m.Encode(int64(m.FilesUploaded) * scaleObjectBytes)
+			if err != nil {
+				return err
+			}
+			if err := manifests.Commit(ctx, st, m, enc); err != nil {
+				return err
+			}
+			fig.References += len(m.Files)
+		}
+	}
+	return nil
+}
+
+// countingProxy is a reverse proxy on 127.0.0.1 in front of an S3
+// endpoint that counts the requests through it by kind. The Host header is
+// passed on unchanged, so signatures made for the proxy's address verify.
+type countingProxy struct {
+	url string
+	srv *http.Server
+	mu  sync.Mutex
+	n   map[string]int64
+}
+
+func startCountingProxy(endpoint string) (*countingProxy, error) {
+	target, err := url.Parse(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	px := &countingProxy{url: "http://" + ln.Addr().String(), n: map[string]int64{}}
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = pr.In.Host
+		},
+		Transport: &http.Transport{MaxIdleConnsPerHost: 64},
+	}
+	px.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		kind := req.Method
+		if req.Method == http.MethodGet && (req.URL.Query().Has("list-type") || req.URL.Query().Has("prefix") || strings.Count(strings.Trim(req.URL.Path, "/"), "/") == 0) {
+			kind = "LIST"
+		}
+		px.mu.Lock()
+		px.n[kind]++
+		px.mu.Unlock()
+		rp.ServeHTTP(w, req)
+	}), ReadHeaderTimeout: time.Minute}
+	go px.srv.Serve(ln)
+	return px, nil
+}
+
+func (px *countingProxy) reset() {
+	px.mu.Lock()
+	px.n = map[string]int64{}
+	px.mu.Unlock()
+}
+
+func (px *countingProxy) counts() (map[string]int64, int64) {
+	px.mu.Lock()
+	defer px.mu.Unlock()
+	out := make(map[string]int64, len(px.n))
+	var total int64
+	for k, v := range px.n {
+		out[k] = v
+		total += v
+	}
+	return out, total
+}
+
+func (px *countingProxy) close() { px.srv.Close() }
