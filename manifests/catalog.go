@@ -266,6 +266,21 @@ func (e *UnreadableError) Unwrap() error { return e.Err }
 // cannot know what that manifest references.
 func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) ([]*Manifest, []Problem, error) {
 	var out []*Manifest
+	problems, err := EachRetained(ctx, s, job, refs, func(m *Manifest) error {
+		out = append(out, m)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, problems, nil
+}
+
+// EachRetained is LoadRetained that hands each manifest to fn as it is
+// read, in order, instead of keeping them all: a reader that needs a few
+// fields of each (list) holds one manifest at a time. An error from fn
+// stops it and is returned.
+func EachRetained(ctx context.Context, s storage.Store, job string, refs []Ref, fn func(*Manifest) error) ([]Problem, error) {
 	var problems []Problem
 	for _, r := range refs {
 		m, err := LoadRef(ctx, s, job, r)
@@ -277,11 +292,13 @@ func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) 
 		case errors.Is(err, storage.ErrNotFound):
 			continue
 		case err != nil:
-			return nil, nil, err
+			return nil, err
 		}
-		out = append(out, m)
+		if err := fn(m); err != nil {
+			return nil, err
+		}
 	}
-	return out, problems, nil
+	return problems, nil
 }
 
 // Commit writes the encoded manifest of m with a conditional create: the

@@ -65,7 +65,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	store := fs.String("storage", "", "storage URL to measure against (default: start versitygw, an S3 server, on 127.0.0.1)")
 	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
 	rescaleBytes := fs.String("rescale-bytes", "", "keyed state of the rescale section (4 Pebble tasks rebuilt as 3 and as 6), e.g. 1GiB (default 1GiB; --quick 16MiB)")
-	scaleFiles := fs.String("scale-files", "", "state sizes in files of the scale section's incremental curve, e.g. 1k,10k,100k (default 1k,10k,100k; --quick 200,1k)")
+	scaleFiles := fs.String("scale-files", "", "state sizes in files of the scale section's incremental curve, e.g. 1k,10k,100k (default 1k,10k,100k; --quick 200,1k; \"none\" skips it)")
 	scaleObjects := fs.String("scale-objects", "", "job sizes in objects of the scale section's gc, list and verify curve, e.g. 10k,100k,1M (default 10k,100k,1M; --quick 2k; \"none\" skips it)")
 	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
 	checkpoints := fs.Int("checkpoints", 0, "checkpoints of the incremental section (default 10; --quick 3)")
@@ -76,7 +76,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(bench.Sections, ", ")+" (default all)")
 	dir := fs.String("dir", "", "scratch directory, kept afterwards (default: a temporary one, removed)")
 	ckptExe := fs.String("ckpt", "", "the ckpt binary to run as `ckpt agent` (default: built from the ckpt repository around the working directory or this binary, else the ckpt beside this binary, else the one on PATH)")
-	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
+	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the agent processes of the memory and scale sections on HOST:PORT")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with SHA-256 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
 	copyLoad := fs.String("copy-load", "", "copy the new files of each checkpoint directory named on stdin into DIR, answer on stdout, and do nothing else: the shipping control the app-throughput section runs beside the app")
@@ -132,7 +132,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		o.RescaleBytes = b
 	}
-	if *scaleFiles != "" {
+	if *scaleFiles == "none" {
+		o.ScaleFiles = []int{}
+	} else if *scaleFiles != "" {
 		ns, err := parseCounts(*scaleFiles)
 		if err != nil {
 			return usageError{fmt.Errorf("--scale-files: %v", err)}

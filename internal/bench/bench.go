@@ -86,7 +86,8 @@ type Options struct {
 	// `LoadExe --copy-load DIR` for the app section's controls (default
 	// os.Executable(): ckpt-bench re-executes itself).
 	LoadExe string
-	// AgentMetricsAddr, when set, makes that agent serve /metrics and
+	// AgentMetricsAddr, when set, makes the agents of the memory and scale
+	// sections serve /metrics and
 	// /debug/pprof/ there (to profile it while it uploads).
 	AgentMetricsAddr string
 	// Dir is the scratch directory (default a temporary one, removed).

@@ -49,6 +49,14 @@ type ScaleIncremental struct {
 	// UnchangedFileUS is (E2EMS - ControlMS) / Files: what each unchanged
 	// file adds to a checkpoint, in microseconds.
 	UnchangedFileUS float64 `json:"unchanged_file_us"`
+	// CPUMS is the median CPU time (user and system) the agent spent on
+	// a checkpoint, from the request until the agent went idle after it
+	// (its background work included); ControlCPUMS the same for the
+	// control, and UnchangedFileCPUUS their difference over Files. On a
+	// shared machine these move less than the times.
+	CPUMS              float64 `json:"cpu_ms"`
+	ControlCPUMS       float64 `json:"control_cpu_ms"`
+	UnchangedFileCPUUS float64 `json:"unchanged_file_cpu_us"`
 	// ManifestBytes is the last incremental checkpoint's manifest as
 	// stored, and ManifestBytesPerFile that over its files.
 	ManifestBytes        int64   `json:"manifest_bytes"`
@@ -76,6 +84,7 @@ func (r *run) scale(ctx context.Context) error {
 			return fmt.Errorf("incremental at %d files: %w", n, err)
 		}
 		fig.Incremental = append(fig.Incremental, *inc)
+		r.logf("scale: %d files: agent CPU %.0f ms per checkpoint (the new files alone %.0f ms: %.2f us per unchanged file)", inc.Files, inc.CPUMS, inc.ControlCPUMS, inc.UnchangedFileCPUUS)
 		r.logf("scale: %d files: checkpoint adding %d files %.1f ms end to end (the new files alone %.1f ms: %.2f us per unchanged file), pause p50 %.2f ms, manifest %d B (%.0f B/file), agent peak RSS %.1f MiB (%.1f MiB during increments); full upload %.0f ms",
 			inc.Files, scaleNewFiles, inc.E2EMS, inc.ControlMS, inc.UnchangedFileUS, inc.PauseMS, inc.ManifestBytes, inc.ManifestBytesPerFile,
 			float64(inc.PeakRSSBytes)/(1<<20), float64(inc.IncrementalRSSBytes)/(1<<20), inc.FullUploadMS)
@@ -155,6 +164,7 @@ func (r *run) scaleIncremental(ctx context.Context, files int) (*ScaleIncrementa
 	}
 	defer sc.stop()
 	send := func(task string, n uint64, dir string) (pause, e2e time.Duration, err error) {
+		waitIdle(ctx, sc.pid)
 		t0 := time.Now()
 		p, err := sc.client.Send(ctx, client.Request{Task: task, Checkpoint: n, Dir: dir, Engine: "pebble", Handoff: true})
 		if err != nil {
@@ -204,7 +214,7 @@ func (r *run) scaleIncremental(ctx context.Context, files int) (*ScaleIncrementa
 			wg.Wait()
 		}
 	}()
-	var pauses, controls []float64
+	var pauses, controls, cpus, ctlCPUs []float64
 	ctlTask := task + "-new-only"
 	for k := 2; k <= samples+1; k++ {
 		// The control first: a task of its own holding only the new files.
@@ -218,22 +228,28 @@ func (r *run) scaleIncremental(ctx context.Context, files int) (*ScaleIncrementa
 		if err != nil {
 			return nil, err
 		}
+		c0 := procCPU(sc.pid)
 		_, d, err := send(ctlTask, uint64(k), ctl)
 		if err != nil {
 			return nil, err
 		}
 		controls = append(controls, ms(d))
+		waitIdle(ctx, sc.pid)
+		ctlCPUs = append(ctlCPUs, ms(procCPU(sc.pid)-c0))
 		// The same new files added to the whole state.
 		dir, err := snapshot(names)
 		if err != nil {
 			return nil, err
 		}
+		c0 = procCPU(sc.pid)
 		p, d, err := send(task, uint64(k), dir)
 		if err != nil {
 			return nil, err
 		}
 		pauses = append(pauses, ms(p))
 		fig.RawE2EMS = append(fig.RawE2EMS, ms(d))
+		waitIdle(ctx, sc.pid)
+		cpus = append(cpus, ms(procCPU(sc.pid)-c0))
 	}
 	close(stop)
 	wg.Wait()
@@ -245,6 +261,8 @@ func (r *run) scaleIncremental(ctx context.Context, files int) (*ScaleIncrementa
 	fig.PauseMS, fig.PauseMaxMS = percentile(pauses, 50), percentile(pauses, 100)
 	fig.ControlMS = percentile(controls, 50)
 	fig.UnchangedFileUS = round((fig.E2EMS-fig.ControlMS)*1000/float64(files), 4)
+	fig.CPUMS, fig.ControlCPUMS = percentile(cpus, 50), percentile(ctlCPUs, 50)
+	fig.UnchangedFileCPUUS = round((fig.CPUMS-fig.ControlCPUMS)*1000/float64(files), 4)
 
 	st, err := r.tgt.open(ctx)
 	if err != nil {
@@ -262,4 +280,24 @@ func (r *run) scaleIncremental(ctx context.Context, files int) (*ScaleIncrementa
 	fig.ManifestBytes = ref.ManifestSize
 	fig.ManifestBytesPerFile = round(float64(ref.ManifestSize)/float64(files+samples*scaleNewFiles+2), 4)
 	return fig, nil
+}
+
+// waitIdle waits until process pid has used no CPU for 200 ms (its
+// background work after a checkpoint is done), for at most a minute.
+func waitIdle(ctx context.Context, pid int) {
+	last, still := procCPU(pid), 0
+	for deadline := time.Now().Add(time.Minute); still < 2 && time.Now().Before(deadline); {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		now := procCPU(pid)
+		if now == last {
+			still++
+		} else {
+			still = 0
+		}
+		last = now
+	}
 }

@@ -55,6 +55,21 @@ type ScaleObjects struct {
 	ListingRequests int64   `json:"listing_requests"`
 	// Commands are the ckpt commands run against the job, in order.
 	Commands []ScaleCommand `json:"commands"`
+	// Agent is a `ckpt agent` process of the job (after the collections:
+	// Live objects in it) taking two checkpoints of a small task of its
+	// own, then its job-wide GC sweep.
+	Agent *ScaleAgent `json:"agent"`
+}
+
+// ScaleAgent is an agent's cost in a large job.
+type ScaleAgent struct {
+	// CheckpointMS is the end-to-end time of each checkpoint.
+	CheckpointMS []float64 `json:"checkpoint_ms"`
+	// SweepMS is the time from the last checkpoint's completion to the end
+	// of the agent's GC sweep (0 when the sweep was not seen).
+	SweepMS float64 `json:"sweep_ms"`
+	// PeakRSSBytes is the agent's RSS high-water mark (VmHWM) at the end.
+	PeakRSSBytes int64 `json:"peak_rss_bytes"`
 }
 
 // ScaleCommand is one ckpt command run against a scale job.
@@ -154,6 +169,96 @@ func (r *run) scaleObjects(ctx context.Context, n int) (*ScaleObjects, error) {
 	}
 	if err := checkScaleResults(fig); err != nil {
 		return nil, err
+	}
+	if fig.Agent, err = r.scaleAgent(ctx, st, n, job); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+	r.logf("scale: %d objects: agent checkpoints %v ms, GC sweep %.1f s, peak RSS %.1f MiB", n, fig.Agent.CheckpointMS, fig.Agent.SweepMS/1000, float64(fig.Agent.PeakRSSBytes)/(1<<20))
+	return fig, nil
+}
+
+// scaleAgent runs a `ckpt agent` process on the scale job: two checkpoints
+// of a task of ten small files (the second reusing the first's), each
+// followed by nothing the app waits for but the agent's job-wide GC sweep,
+// whose end it waits for (the sweep deletes its clock probe when done).
+func (r *run) scaleAgent(ctx context.Context, st storage.Store, n int, job string) (*ScaleAgent, error) {
+	fig := &ScaleAgent{CheckpointMS: []float64{}}
+	sc, err := r.sidecar(ctx, fmt.Sprintf("objects-%d", n), 10)
+	if err != nil {
+		return nil, err
+	}
+	defer sc.stop()
+	if r.jobName(fmt.Sprintf("objects-%d", n)) != job {
+		return nil, fmt.Errorf("the agent's job is not %s", job)
+	}
+	src := filepath.Join(r.root, fmt.Sprintf("objects-%d-src", n))
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(src)
+	buf := make([]byte, 4096)
+	rng := rand.NewChaCha8([32]byte{'a', byte(n), byte(n >> 8), byte(n >> 16)})
+	clock := manifests.GCPrefix(job) + "clock"
+	var done time.Time
+	for k := 1; k <= 2; k++ {
+		dir := filepath.Join(src, fmt.Sprintf("snap-%d", k))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return nil, err
+		}
+		for i := range 10 {
+			rng.Read(buf)
+			if k == 2 && i < 9 { // the second checkpoint adds one file
+				b, err := os.ReadFile(filepath.Join(src, "snap-1", fmt.Sprintf("%06d.sst", i)))
+				if err != nil {
+					return nil, err
+				}
+				copy(buf, b)
+			}
+			if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("%06d.sst", i)), buf, 0o644); err != nil {
+				return nil, err
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, "CURRENT"), []byte("MANIFEST-000001\n"), 0o644); err != nil {
+			return nil, err
+		}
+		t0 := time.Now()
+		p, err := sc.client.Checkpoint(ctx, "agent-task", uint64(k), dir, "pebble")
+		if err == nil {
+			_, err = p.Wait(ctx)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("checkpoint %d: %w (agent log: %s)", k, err, sc.log())
+		}
+		fig.CheckpointMS = append(fig.CheckpointMS, ms(time.Since(t0)))
+		done = time.Now()
+	}
+	// The sweep started with the first completion; wait for its probe to go.
+	seen := false
+	for deadline := time.Now().Add(30 * time.Minute); time.Now().Before(deadline); {
+		_, err := st.Stat(ctx, clock)
+		switch {
+		case err == nil:
+			seen = true
+		case errors.Is(err, storage.ErrNotFound):
+			if seen || time.Since(done) > 10*time.Second {
+				deadline = time.Time{}
+				continue
+			}
+		default:
+			return nil, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if seen {
+		fig.SweepMS = ms(time.Since(done))
+	}
+	var err2 error
+	if fig.PeakRSSBytes, err2 = procStatus(sc.pid, "VmHWM"); err2 != nil {
+		return nil, err2
 	}
 	return fig, nil
 }
