@@ -144,8 +144,9 @@ type GCReport struct {
 }
 
 // deleteBatch bounds one Delete call, and so the time between re-checking
-// a batch's ages and deleting it.
-const deleteBatch = 1000
+// a batch's ages and deleting it, and the candidates a sweep holds. A
+// variable only so that tests can lower it.
+var deleteBatch = 1000
 
 // GC collects a job's garbage. The live set is derived from storage alone:
 // every object referenced by a retained manifest, or by a manifest retired
