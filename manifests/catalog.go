@@ -229,7 +229,7 @@ func LoadRefEncoded(ctx context.Context, s storage.Store, job string, ref Ref) (
 		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
+	data, err := readSized(rc, ref.ManifestSize, MaxManifestBytes+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
 	}
@@ -358,4 +358,26 @@ func Retention(refs []Ref, keep int, protect ...uint64) (retained, retire []Ref)
 // RefOf is the Ref of a committed manifest, as Retention sees it.
 func RefOf(m *Manifest) Ref {
 	return Ref{Task: m.Task, Checkpoint: m.Checkpoint, Epoch: m.Epoch, Key: ManifestKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch)}
+}
+
+// readSized reads r to its end, or to limit bytes, into one buffer sized
+// for hint bytes (the size a listing gave): a manifest of 200,000 files is
+// tens of MB, and io.ReadAll would copy it through a doubling buffer.
+func readSized(r io.Reader, hint, limit int64) ([]byte, error) {
+	size := min(max(hint, 0), limit) + 1 // +1: room to see the end without growing
+	buf := make([]byte, 0, size)
+	lr := io.LimitReader(r, limit)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // the hint was short: grow
+		}
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }
