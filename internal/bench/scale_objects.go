@@ -21,7 +21,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -82,7 +81,8 @@ type ScaleCommand struct {
 	// DELETE, LIST, POST, ...), and RequestsTotal all of them.
 	Requests      map[string]int64 `json:"requests"`
 	RequestsTotal int64            `json:"requests_total"`
-	// MaxRSSBytes is the process's peak RSS (getrusage's maxrss).
+	// MaxRSSBytes is the process's peak RSS (VmHWM, read every 20 ms: a
+	// peak in the last 20 ms of its life can be missed).
 	MaxRSSBytes int64 `json:"max_rss_bytes"`
 	// Result is the command's --json output.
 	Result json.RawMessage `json:"result"`
@@ -310,16 +310,38 @@ func (r *run) runCounted(ctx context.Context, px *countingProxy, name string, ar
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	px.reset()
 	t0 := time.Now()
-	err = cmd.Run()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("ckpt %s: %w", name, err)
+	}
+	// The peak RSS is the child's VmHWM, read every 20 ms until it exits.
+	// Not getrusage's maxrss: Linux carries the high-water mark of the
+	// address space a child is exec'd from (Go starts children with
+	// CLONE_VM, so the bench's own) into the child's maxrss.
+	var hwm atomic.Int64
+	exited := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			if v, err := procStatus(cmd.Process.Pid, "VmHWM"); err == nil {
+				hwm.Store(max(hwm.Load(), v))
+			}
+			select {
+			case <-exited:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	})
+	err = cmd.Wait()
 	d := time.Since(t0)
+	close(exited)
+	wg.Wait()
 	if err != nil {
 		return nil, fmt.Errorf("ckpt %s: %v: %s", name, err, strings.TrimSpace(stderr.String()))
 	}
 	c := &ScaleCommand{Name: name, Args: args, MS: ms(d), Result: json.RawMessage(bytes.TrimSpace(stdout.Bytes()))}
 	c.Requests, c.RequestsTotal = px.counts()
-	if ru, ok := cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-		c.MaxRSSBytes = ru.Maxrss << 10 // KiB on Linux
-	}
+	c.MaxRSSBytes = hwm.Load()
 	return c, nil
 }
 
