@@ -133,7 +133,10 @@ func (r *run) scaleIncremental(ctx context.Context, files int) (*ScaleIncrementa
 		names = append(names, name)
 		return nil
 	}
-	for range files {
+	for i := range files {
+		if i%1000 == 0 && ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		if err := addFile(pool); err != nil {
 			return nil, err
 		}
