@@ -67,6 +67,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	rescaleBytes := fs.String("rescale-bytes", "", "keyed state of the rescale section (4 Pebble tasks rebuilt as 3 and as 6), e.g. 1GiB (default 1GiB; --quick 16MiB)")
 	scaleFiles := fs.String("scale-files", "", "state sizes in files of the scale section's incremental curve, e.g. 1k,10k,100k (default 1k,10k,100k; --quick 200,1k; \"none\" skips it)")
 	scaleObjects := fs.String("scale-objects", "", "job sizes in objects of the scale section's gc, list and verify curve, e.g. 10k,100k,1M (default 10k,100k,1M; --quick 2k; \"none\" skips it)")
+	scaleNoVerify := fs.Bool("scale-no-verify", false, "leave ckpt verify out of the scale section's jobs of many objects (it reads every live object)")
 	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
 	checkpoints := fs.Int("checkpoints", 0, "checkpoints of the incremental section (default 10; --quick 3)")
 	appInterval := fs.Duration("app-interval", time.Second, "checkpoint interval of the app-throughput section (phases last at least five intervals)")
@@ -113,7 +114,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return bench.HashLoad(ctx, rate)
 	}
-	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir,
+	o := bench.Options{ScaleNoVerify: *scaleNoVerify, Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir,
 		CkptExe: *ckptExe, AgentMetricsAddr: *agentMetrics, Log: stderr}
 	if *quiet {
 		o.Log = io.Discard

@@ -101,6 +101,9 @@ type Options struct {
 	// verify curve (default 10,000, 100,000 and 1,000,000; quick 2,000).
 	ScaleFiles   []int
 	ScaleObjects []int
+	// ScaleNoVerify leaves `ckpt verify` out of the jobs of many objects
+	// (it reads every live object: 20 minutes at a million here).
+	ScaleNoVerify bool
 	// Seed makes the workload reproducible (default 1).
 	Seed uint64
 	// Log receives progress lines (default: discarded).

@@ -160,6 +160,9 @@ func (r *run) scaleObjects(ctx context.Context, n int) (*ScaleObjects, error) {
 		{"gc (marks)", append([]string{"gc", "--grace", "1h"}, common...), gcEnv},
 		{"gc (deletes)", append([]string{"gc", "--grace", "1h"}, common...), gcEnv},
 	} {
+		if c.name == "verify" && r.o.ScaleNoVerify {
+			continue
+		}
 		cmd, err := r.runCounted(ctx, px, c.name, c.args, c.env)
 		if err != nil {
 			return nil, err
