@@ -87,8 +87,7 @@ type Options struct {
 	// os.Executable(): ckpt-bench re-executes itself).
 	LoadExe string
 	// AgentMetricsAddr, when set, makes the agents of the memory and scale
-	// sections serve /metrics and
-	// /debug/pprof/ there (to profile it while it uploads).
+	// sections serve /metrics and /debug/pprof/ there (to profile them).
 	AgentMetricsAddr string
 	// Dir is the scratch directory (default a temporary one, removed).
 	Dir string
