@@ -39,3 +39,28 @@ func BenchmarkTake(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkInspect is the async phase's first step on a handed-off
+// snapshot: one lstat of every file.
+func BenchmarkInspect(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprintf("files=%d", n), func(b *testing.B) {
+			base := b.TempDir()
+			snap := filepath.Join(base, "snap")
+			os.MkdirAll(snap, 0o755)
+			for i := range n {
+				os.WriteFile(filepath.Join(snap, fmt.Sprintf("%06d.sst", i)), []byte("x"), 0o644)
+			}
+			s, _ := Open(filepath.Join(base, "local"), "job")
+			sn, err := s.Take("t", 1, snap, true)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if err := sn.Inspect(); err != nil || len(sn.Files) != n {
+					b.Fatal(err, len(sn.Files))
+				}
+			}
+		})
+	}
+}

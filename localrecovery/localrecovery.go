@@ -313,7 +313,11 @@ func foreign(fi fs.FileInfo, owner uint32) string {
 	if !ok || st.Uid == owner {
 		return ""
 	}
-	return fmt.Sprintf("is owned by uid %d, not by uid %d that owns the snapshot dir (a hard link to another user's file?)", st.Uid, owner)
+	return foreignUID(st.Uid, owner)
+}
+
+func foreignUID(uid, owner uint32) string {
+	return fmt.Sprintf("is owned by uid %d, not by uid %d that owns the snapshot dir (a hard link to another user's file?)", uid, owner)
 }
 
 // Inspect stats every file of a snapshot taken into the store and fills
@@ -340,23 +344,30 @@ func foreign(fi fs.FileInfo, owner uint32) string {
 // owner is read from the inode itself (fstat, and for a copy the opened
 // source), so a swap of the name in between cannot dodge it.
 func (sn *Snapshot) Inspect() error {
-	files := make([]File, 0, len(sn.names))
-	for _, name := range sn.names {
-		fi, err := os.Lstat(filepath.Join(sn.Dir, name))
-		if err != nil {
-			return fmt.Errorf("snapshot file %s: %w", name, err)
+	// One directory handle and fstatat(2) per name: no path to resolve and
+	// no FileInfo to allocate per file (a checkpoint of 100,000 files
+	// inspects each one).
+	d, err := os.Open(sn.Dir)
+	if err != nil {
+		return fmt.Errorf("snapshot dir: %w", err)
+	}
+	defer d.Close()
+	fd := int(d.Fd())
+	files := make([]File, len(sn.names))
+	for i, name := range sn.names {
+		var st unix.Stat_t
+		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			return fmt.Errorf("snapshot file %s: %w", name, &os.PathError{Op: "lstat", Path: filepath.Join(sn.Dir, name), Err: err})
 		}
-		f := fileOf(fi)
-		if f == nil {
+		if st.Mode&unix.S_IFMT != unix.S_IFREG {
 			return &BadFileError{Name: name, Reason: "changed into a non-regular file while being taken"}
 		}
-		if reason := foreign(fi, sn.owner); reason != "" && !sn.copied[name] {
-			return &BadFileError{Name: name, Reason: reason}
+		if st.Uid != sn.owner && !sn.copied[name] {
+			return &BadFileError{Name: name, Reason: foreignUID(st.Uid, sn.owner)}
 		}
-		f.Name = name
-		files = append(files, *f)
+		files[i] = File{Name: name, Size: st.Size, Dev: uint64(st.Dev), Ino: st.Ino, ModTime: st.Mtim.Nano()}
 	}
-	if entries, err := os.ReadDir(sn.Dir); err != nil || len(entries) != len(sn.names) {
+	if names, err := d.Readdirnames(-1); err != nil || len(names) != len(sn.names) {
 		return &BadFileError{Name: sn.Dir, Reason: "the snapshot changed while being taken"}
 	}
 	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })

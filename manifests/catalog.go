@@ -229,7 +229,7 @@ func LoadRefEncoded(ctx context.Context, s storage.Store, job string, ref Ref) (
 		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
+	data, err := readSized(rc, ref.ManifestSize, MaxManifestBytes+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
 	}
@@ -266,6 +266,21 @@ func (e *UnreadableError) Unwrap() error { return e.Err }
 // cannot know what that manifest references.
 func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) ([]*Manifest, []Problem, error) {
 	var out []*Manifest
+	problems, err := EachRetained(ctx, s, job, refs, func(m *Manifest) error {
+		out = append(out, m)
+		return nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return out, problems, nil
+}
+
+// EachRetained is LoadRetained that hands each manifest to fn as it is
+// read, in order, instead of keeping them all: a reader that needs a few
+// fields of each (list) holds one manifest at a time. An error from fn
+// stops it and is returned.
+func EachRetained(ctx context.Context, s storage.Store, job string, refs []Ref, fn func(*Manifest) error) ([]Problem, error) {
 	var problems []Problem
 	for _, r := range refs {
 		m, err := LoadRef(ctx, s, job, r)
@@ -277,11 +292,13 @@ func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) 
 		case errors.Is(err, storage.ErrNotFound):
 			continue
 		case err != nil:
-			return nil, nil, err
+			return nil, err
 		}
-		out = append(out, m)
+		if err := fn(m); err != nil {
+			return nil, err
+		}
 	}
-	return out, problems, nil
+	return problems, nil
 }
 
 // Commit writes the encoded manifest of m with a conditional create: the
@@ -341,4 +358,26 @@ func Retention(refs []Ref, keep int, protect ...uint64) (retained, retire []Ref)
 // RefOf is the Ref of a committed manifest, as Retention sees it.
 func RefOf(m *Manifest) Ref {
 	return Ref{Task: m.Task, Checkpoint: m.Checkpoint, Epoch: m.Epoch, Key: ManifestKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch)}
+}
+
+// readSized reads r to its end, or to limit bytes, into one buffer sized
+// for hint bytes (the size a listing gave): a manifest of 200,000 files is
+// tens of MB, and io.ReadAll would copy it through a doubling buffer.
+func readSized(r io.Reader, hint, limit int64) ([]byte, error) {
+	size := min(max(hint, 0), limit) + 1 // +1: room to see the end without growing
+	buf := make([]byte, 0, size)
+	lr := io.LimitReader(r, limit)
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)] // the hint was short: grow
+		}
+		n, err := lr.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
 }

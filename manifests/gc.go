@@ -144,8 +144,9 @@ type GCReport struct {
 }
 
 // deleteBatch bounds one Delete call, and so the time between re-checking
-// a batch's ages and deleting it.
-const deleteBatch = 1000
+// a batch's ages and deleting it, and the candidates a sweep holds. A
+// variable only so that tests can lower it.
+var deleteBatch = 1000
 
 // GC collects a job's garbage. The live set is derived from storage alone:
 // every object referenced by a retained manifest, or by a manifest retired
@@ -245,8 +246,9 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	}
 
 	// The live set: objects of retained manifests and of recent retirements,
-	// all listed after storage's clock was read (start).
-	live := map[string]bool{}
+	// all listed after storage's clock was read (start). Manifests are read
+	// one at a time; only the hashes of their keys are kept.
+	live := newKeySet()
 	var expired []Ref
 	for _, r := range cat.Refs {
 		if r.Retired && start.Sub(r.RetiredAt) >= opts.Grace {
@@ -268,7 +270,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 		for _, f := range m.Files {
 			if f.Key != "" {
-				live[f.Key] = true
+				live.add(f.Key)
 			}
 		}
 	}
@@ -290,37 +292,6 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 			pending[k] = true
 		}
 	}
-
-	// Candidates: unreferenced objects older than the grace period.
-	var doomed, fresh []storage.ObjectInfo
-	consider := func(o storage.ObjectInfo) {
-		if live[o.Key] {
-			rep.LiveObjects++
-			rep.LiveBytes += o.Size
-			return
-		}
-		switch {
-		case start.Sub(o.ModTime) < opts.Grace:
-		case pending[o.Key]:
-			rep.PendingObjects++
-		case ripeKeys[o.Key]:
-			doomed = append(doomed, o)
-		default:
-			fresh = append(fresh, o)
-		}
-	}
-	listedAt := now()
-	if err := s.List(ctx, SharedPrefix(job), func(o storage.ObjectInfo) error {
-		consider(o)
-		return nil
-	}); err != nil {
-		return rep, fmt.Errorf("gc: list shared objects: %w", err)
-	}
-	for _, o := range cat.Private {
-		consider(o)
-	}
-	sort.Slice(doomed, func(i, j int) bool { return doomed[i].Key < doomed[j].Key })
-	sort.Slice(fresh, func(i, j int) bool { return fresh[i].Key < fresh[j].Key })
 
 	// Manifests of expired retirements go first, then their markers and stray
 	// markers, then unreferenced objects: a crash in between leaves only
@@ -352,50 +323,52 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	}
 	failpoint.Hit(failpoint.MidGC) // expired manifests and markers deleted, their objects not yet
 
-	// Candidates of ripe marks, while the lock's hold lasts.
-	complete := true
-	for len(doomed) > 0 {
-		if !opts.DryRun && time.Since(lockAsked) > gcLockHold {
-			complete = false // the next lock holder goes on
-			rep.PendingObjects += len(doomed)
-			break
+	// The sweep streams the listing: candidates of ripe marks are deleted
+	// deleteBatch at a time, new garbage is marked markBatch at a time, as
+	// the listing goes, so memory does not grow with the objects listed.
+	sw := &sweep{s: s, job: job, opts: opts, delay: delay, now: now, lockAsked: lockAsked, rep: &rep, complete: true}
+	consider := func(o storage.ObjectInfo) error {
+		if live.has(o.Key) {
+			rep.LiveObjects++
+			rep.LiveBytes += o.Size
+			return nil
 		}
-		n := min(deleteBatch, len(doomed))
-		batch := doomed[:n]
-		doomed = doomed[n:]
-		if now().Sub(listedAt) > opts.Grace/10 {
-			batch = recheck(ctx, s, batch, now(), opts.Grace)
+		switch {
+		case start.Sub(o.ModTime) < opts.Grace:
+		case pending[o.Key]:
+			rep.PendingObjects++
+		case ripeKeys[o.Key]:
+			return sw.doom(ctx, o)
+		default:
+			return sw.mark(ctx, o)
 		}
-		keys := make([]string, 0, len(batch))
-		for _, o := range batch {
-			keys = append(keys, o.Key)
-			rep.DeletedBytes += o.Size
+		return nil
+	}
+	if err := s.List(ctx, SharedPrefix(job), consider); err != nil {
+		var se *sweepError
+		if errors.As(err, &se) {
+			return rep, se.err
 		}
-		if !opts.DryRun {
-			if err := s.Delete(ctx, keys...); err != nil {
-				return rep, fmt.Errorf("gc: delete unreferenced objects: %w", err)
-			}
+		return rep, fmt.Errorf("gc: list shared objects: %w", err)
+	}
+	private := make([]storage.ObjectInfo, 0, len(cat.Private))
+	for _, o := range cat.Private {
+		private = append(private, o)
+	}
+	sort.Slice(private, func(i, j int) bool { return private[i].Key < private[j].Key })
+	for _, o := range private {
+		if err := consider(o); err != nil {
+			return rep, err
 		}
-		rep.DeletedObjects += len(keys)
-		rep.Deleted = append(rep.Deleted, keys...)
+	}
+	if err := sw.flush(ctx); err != nil {
+		return rep, err
 	}
 	// Every candidate of the ripe marks is deleted, live again, young again
 	// or gone: the marks are done.
-	if !opts.DryRun && complete && len(ripe) > 0 {
+	if !opts.DryRun && sw.complete && len(ripe) > 0 {
 		if err := s.Delete(ctx, ripe...); err != nil {
 			return rep, fmt.Errorf("gc: remove processed marks: %w", err)
-		}
-	}
-
-	// New garbage is marked, not deleted.
-	for _, o := range fresh {
-		rep.MarkedObjects++
-		rep.MarkedBytes += o.Size
-		rep.Marked = append(rep.Marked, o.Key)
-	}
-	if !opts.DryRun && len(fresh) > 0 {
-		if err := writeMarks(ctx, s, job, delay, fresh); err != nil {
-			return rep, err
 		}
 	}
 
@@ -421,4 +394,114 @@ func recheck(ctx context.Context, s storage.Store, batch []storage.ObjectInfo, n
 		out = append(out, info)
 	}
 	return out
+}
+
+// sweepError is the error of a sweep's delete or mark, told apart from
+// the listing's own when it comes back through List.
+type sweepError struct{ err error }
+
+func (e *sweepError) Error() string { return e.err.Error() }
+func (e *sweepError) Unwrap() error { return e.err }
+
+// sweep deletes and marks the garbage a listing finds, in batches, while
+// the listing goes on.
+type sweep struct {
+	s         storage.Store
+	job       string
+	opts      GCOptions
+	delay     time.Duration
+	now       func() time.Time
+	lockAsked time.Time
+	rep       *GCReport
+	// doomed are candidates of ripe marks waiting for their delete, listed
+	// from doomedAt on; fresh are new garbage waiting for their mark.
+	doomed   []storage.ObjectInfo
+	doomedAt time.Time
+	fresh    []storage.ObjectInfo
+	// complete is false once the lock's hold ran out with candidates left.
+	complete bool
+}
+
+// doom queues o, a candidate of a ripe mark, for deletion.
+func (w *sweep) doom(ctx context.Context, o storage.ObjectInfo) error {
+	if len(w.doomed) == 0 {
+		w.doomedAt = w.now()
+	}
+	w.doomed = append(w.doomed, o)
+	if len(w.doomed) >= deleteBatch {
+		return w.deleteDoomed(ctx)
+	}
+	return nil
+}
+
+// mark queues o, new garbage, for a mark.
+func (w *sweep) mark(ctx context.Context, o storage.ObjectInfo) error {
+	w.rep.MarkedObjects++
+	w.rep.MarkedBytes += o.Size
+	if w.opts.DryRun {
+		w.rep.Marked = append(w.rep.Marked, o.Key)
+		return nil
+	}
+	w.fresh = append(w.fresh, o)
+	if len(w.fresh) >= markBatch {
+		return w.writeFresh(ctx)
+	}
+	return nil
+}
+
+// flush deletes and marks what is queued.
+func (w *sweep) flush(ctx context.Context) error {
+	if err := w.deleteDoomed(ctx); err != nil {
+		return err
+	}
+	return w.writeFresh(ctx)
+}
+
+// deleteDoomed deletes the queued candidates, while the lock's hold lasts,
+// re-reading their ages first when they were listed more than a tenth of
+// the grace ago.
+func (w *sweep) deleteDoomed(ctx context.Context) error {
+	batch := w.doomed
+	w.doomed = w.doomed[:0]
+	if len(batch) == 0 {
+		return nil
+	}
+	if !w.opts.DryRun && (!w.complete || time.Since(w.lockAsked) > gcLockHold) {
+		w.complete = false // the next lock holder goes on
+		w.rep.PendingObjects += len(batch)
+		return nil
+	}
+	if w.now().Sub(w.doomedAt) > w.opts.Grace/10 {
+		batch = recheck(ctx, w.s, batch, w.now(), w.opts.Grace)
+	}
+	keys := make([]string, 0, len(batch))
+	var bytes int64
+	for _, o := range batch {
+		keys = append(keys, o.Key)
+		bytes += o.Size
+	}
+	if !w.opts.DryRun && len(keys) > 0 {
+		if err := w.s.Delete(ctx, keys...); err != nil {
+			return &sweepError{fmt.Errorf("gc: delete unreferenced objects: %w", err)}
+		}
+	}
+	w.rep.DeletedBytes += bytes
+	w.rep.DeletedObjects += len(keys)
+	if w.opts.DryRun {
+		w.rep.Deleted = append(w.rep.Deleted, keys...)
+	}
+	return nil
+}
+
+// writeFresh writes a mark naming the queued new garbage.
+func (w *sweep) writeFresh(ctx context.Context) error {
+	if len(w.fresh) == 0 {
+		return nil
+	}
+	err := writeMarks(ctx, w.s, w.job, w.delay, w.fresh)
+	w.fresh = w.fresh[:0]
+	if err != nil {
+		return &sweepError{err}
+	}
+	return nil
 }

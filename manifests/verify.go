@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 
 	"golang.org/x/sync/errgroup"
 
@@ -41,54 +42,98 @@ func Verify(ctx context.Context, s storage.Store, m *Manifest, parallelism int) 
 // file that names a bad object. objects is the number of distinct objects
 // read, bytes what was read; err is only for failures to run at all.
 func VerifyAll(ctx context.Context, s storage.Store, ms []*Manifest, parallelism int) (problems []Problem, objects int, bytes int64, err error) {
-	type want struct {
-		key, digest string
-		size        int64
-	}
-	type ref struct {
-		m *Manifest
-		f File
-	}
-	refs := map[want][]ref{}
-	var order []want
+	v := NewVerifier(s, parallelism)
 	for _, m := range ms {
-		for _, f := range m.Files {
-			if f.Key == "" {
-				continue // inline: checked with the manifest's own checksum
-			}
-			w := want{f.Key, f.Digest(), f.Size}
-			if refs[w] == nil {
-				order = append(order, w)
-			}
-			refs[w] = append(refs[w], ref{m, f})
+		p, err := v.Check(ctx, m)
+		if err != nil {
+			return nil, 0, 0, err
 		}
+		problems = append(problems, p...)
 	}
+	return problems, v.Objects, v.Bytes, nil
+}
+
+// Verifier checks the objects of manifests given one at a time, reading
+// each distinct object (key, size and checksum) once across all of them:
+// a caller can load, check and drop the manifests of a job one by one, and
+// its memory holds one manifest and 16 bytes per object checked, not every
+// manifest at once.
+type Verifier struct {
+	s           storage.Store
+	parallelism int
+	checked     *keySet
+	bad         map[string]string // identity of a bad object -> its problem
+	// Objects is the number of distinct objects read so far, Bytes what
+	// was read.
+	Objects int
+	Bytes   int64
+}
+
+// NewVerifier returns a Verifier reading from s, up to parallelism
+// objects at once (4 when < 1).
+func NewVerifier(s storage.Store, parallelism int) *Verifier {
 	if parallelism < 1 {
 		parallelism = 4
 	}
-	msgs := make([]string, len(order))
-	read := make([]int64, len(order))
+	return &Verifier{s: s, parallelism: parallelism, checked: newKeySet(), bad: map[string]string{}}
+}
+
+// identity names what is checked of an object: key, size and checksum.
+func identity(f File) string {
+	return f.Key + "\x00" + f.Digest() + "\x00" + strconv.FormatInt(f.Size, 10)
+}
+
+// Check reads the objects of m not read before by v and checks their size
+// and digest; it returns a problem for every file of m naming a bad
+// object, read now or before. err is only for failures to run at all.
+func (v *Verifier) Check(ctx context.Context, m *Manifest) ([]Problem, error) {
+	var todo []int // indexes into m.Files of objects read now
+	var ids []string
+	for i, f := range m.Files {
+		if f.Key == "" {
+			continue // inline: checked with the manifest's own checksum
+		}
+		id := identity(f)
+		if v.checked.has(id) {
+			continue
+		}
+		v.checked.add(id)
+		todo = append(todo, i)
+		ids = append(ids, id)
+	}
+	msgs := make([]string, len(todo))
+	read := make([]int64, len(todo))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(parallelism)
-	for i, w := range order {
+	g.SetLimit(v.parallelism)
+	for j, i := range todo {
 		g.Go(func() error {
-			read[i], msgs[i] = checkObject(gctx, s, refs[w][0].f)
+			read[j], msgs[j] = checkObject(gctx, v.s, m.Files[i])
 			return gctx.Err()
 		})
 	}
 	if err := g.Wait(); err != nil {
-		return nil, 0, 0, err
+		return nil, err
 	}
-	for i, w := range order {
-		bytes += read[i]
-		if msgs[i] == "" {
+	for j := range todo {
+		v.Bytes += read[j]
+		if msgs[j] != "" {
+			v.bad[ids[j]] = msgs[j]
+		}
+	}
+	v.Objects += len(todo)
+	var problems []Problem
+	if len(v.bad) == 0 {
+		return nil, nil
+	}
+	for _, f := range m.Files {
+		if f.Key == "" {
 			continue
 		}
-		for _, r := range refs[w] {
-			problems = append(problems, Problem{Task: r.m.Task, Checkpoint: r.m.Checkpoint, File: r.f.Name, Key: r.f.Key, Problem: msgs[i]})
+		if msg, ok := v.bad[identity(f)]; ok {
+			problems = append(problems, Problem{Task: m.Task, Checkpoint: m.Checkpoint, File: f.Name, Key: f.Key, Problem: msg})
 		}
 	}
-	return problems, len(order), bytes, nil
+	return problems, nil
 }
 
 func checkObject(ctx context.Context, s storage.Store, f File) (int64, string) {

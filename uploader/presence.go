@@ -58,12 +58,14 @@ func (f Finding) String() string {
 // and of re-uploads it triggers) before the manifest exists. A size check
 // cannot see bytes changed in place; the agent's scrub re-hashes for that.
 //
-// Cost: Check keeps an index of key → size for Prefix, refreshed by a full
-// listing when a check needs more than StatMax objects confirmed and the
-// last listing is older than MaxAge, so a task reusing thousands of objects
-// pays one listing per MaxAge, shared with every other task of the job;
-// a check of at most StatMax objects Stats them instead. Objects this
-// process uploads are added as they are written (Saw).
+// Cost: Check keeps an index of key → size of the objects it was asked
+// about (not of everything under Prefix), refreshed by a full listing when
+// a check needs more than StatMax objects confirmed that the last listing,
+// if newer than MaxAge, did not look for; so a task reusing thousands of
+// objects pays one listing per MaxAge, and the index grows with the
+// objects this process references, not with the job. A check of at most
+// StatMax objects Stats them instead. Objects this process uploads are
+// added as they are written (Saw).
 //
 // A Presence is safe for concurrent use. The zero value is not usable: use
 // NewPresence.
@@ -140,7 +142,7 @@ func (p *Presence) Check(ctx context.Context, objs []Object) ([]Finding, error) 
 		statMax = DefaultStatMax
 	}
 	if len(todo) > statMax {
-		if err := p.refresh(ctx, cutoff); err != nil {
+		if err := p.refresh(ctx, cutoff, todo); err != nil {
 			return nil, err
 		}
 		// After a listing at least as new as cutoff, what it did not
@@ -172,31 +174,65 @@ func (p *Presence) findings(objs []Object) []Finding {
 	out := make([]Finding, 0, len(objs))
 	for _, o := range objs {
 		s, ok := p.seen[o.Key]
-		out = append(out, Finding{Object: o, Found: ok, Stored: s.size})
+		found := ok && s.size != absent
+		if !found {
+			s.size = 0
+		}
+		out = append(out, Finding{Object: o, Found: found, Stored: s.size})
 	}
 	return out
 }
 
-// refresh lists the prefix unless a listing started since cutoff, and
-// replaces the index with what it found, keeping observations made while
-// it ran.
-func (p *Presence) refresh(ctx context.Context, cutoff time.Time) error {
+// absent is the size the index records for an object a listing looked
+// for and did not find.
+const absent = -1
+
+// refresh lists the prefix, unless a listing started since cutoff already
+// looked for every object of want, and replaces the index with what it
+// found of want and of the objects observed since cutoff (an object of
+// want it did not find is recorded as absent), keeping observations made
+// while it ran. The index holds only objects asked about: a job's prefix
+// may hold millions of objects that this process never references, and
+// keeping them all would cost ~150 bytes each.
+func (p *Presence) refresh(ctx context.Context, cutoff time.Time, want []Object) error {
 	p.refreshMu.Lock()
 	defer p.refreshMu.Unlock()
+	wanted := make(map[string]struct{}, len(want))
+	for _, o := range want {
+		wanted[o.Key] = struct{}{}
+	}
 	p.mu.Lock()
-	fresh := !p.listedAt.IsZero() && !p.listedAt.Before(cutoff)
+	covered := !p.listedAt.IsZero() && !p.listedAt.Before(cutoff)
+	for _, o := range want {
+		if s, ok := p.seen[o.Key]; !ok || s.at.Before(cutoff) {
+			covered = false
+			break
+		}
+	}
+	for k, s := range p.seen {
+		if !s.at.Before(cutoff) {
+			wanted[k] = struct{}{}
+		}
+	}
 	p.mu.Unlock()
-	if fresh {
+	if covered {
 		return nil
 	}
 	start := time.Now()
-	listed := make(map[string]seenObject, len(p.seen))
+	listed := make(map[string]seenObject, len(wanted))
 	err := p.store.List(ctx, p.prefix, func(o storage.ObjectInfo) error {
-		listed[o.Key] = seenObject{size: o.Size, at: start}
+		if _, ok := wanted[o.Key]; ok {
+			listed[o.Key] = seenObject{size: o.Size, at: start}
+		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("list %s to confirm reused objects: %w", p.prefix, err)
+	}
+	for k := range wanted {
+		if _, ok := listed[k]; !ok {
+			listed[k] = seenObject{size: absent, at: start}
+		}
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -208,6 +244,13 @@ func (p *Presence) refresh(ctx context.Context, cutoff time.Time) error {
 	p.seen, p.listedAt = listed, start
 	p.listings++
 	return nil
+}
+
+// Indexed reports how many objects the index holds.
+func (p *Presence) Indexed() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.seen)
 }
 
 // statAll Stats every object of objs and reports those missing or of

@@ -138,9 +138,42 @@ func TestPresenceObservesAgainPastTheBound(t *testing.T) {
 	}
 }
 
+// TestPresenceIndexesOnlyWhatItIsAskedAbout: a listing of a job's shared
+// prefix keeps the objects the check asked about, not the whole job; a
+// check of other objects shortly after lists again rather than calling
+// them missing, and objects not found or of another size are reported.
+func TestPresenceIndexesOnlyWhatItIsAskedAbout(t *testing.T) {
+	root := t.TempDir()
+	objs := populate(t, root, 300)
+	st, err := file.New(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &reads{Store: st}
+	p := uploader.NewPresence(r, manifests.SharedPrefix("job"), time.Hour)
+	p.StatMax = 10
+	ctx := context.Background()
+	if bad, err := p.Check(ctx, objs[:50]); err != nil || len(bad) != 0 || r.lists.Load() != 1 {
+		t.Fatalf("first check: %v, %v, %d listings", bad, err, r.lists.Load())
+	}
+	if n := p.Indexed(); n != 50 {
+		t.Fatalf("the index holds %d objects after a check of 50 in a prefix of 300", n)
+	}
+	if bad, err := p.Check(ctx, objs[100:150]); err != nil || len(bad) != 0 || r.lists.Load() != 2 {
+		t.Fatalf("a check of other objects within the bound: %v, %v, %d listings", bad, err, r.lists.Load())
+	}
+	ask := append([]uploader.Object{}, objs[200:220]...)
+	ask[0].Size = 9
+	ask = append(ask, uploader.Object{Key: manifests.SharedKey("job", fmt.Sprintf("%064x", 999), 8), Size: 8})
+	bad, err := p.Check(ctx, ask)
+	if err != nil || len(bad) != 2 || !bad[0].Found || bad[0].Stored != 8 || bad[1].Found {
+		t.Fatalf("a wrong size and a missing object: %+v, %v", bad, err)
+	}
+}
+
 // populate writes n small objects under job/shared/ directly in the file
 // store's directory (fast) and returns them.
-func populate(b *testing.B, root string, n int) []uploader.Object {
+func populate(b testing.TB, root string, n int) []uploader.Object {
 	objs := make([]uploader.Object, n)
 	for i := range objs {
 		sha := fmt.Sprintf("%064x", i)

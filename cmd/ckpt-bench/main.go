@@ -31,7 +31,7 @@ import (
 )
 
 const (
-	synopsis = "[--storage URL] [--state-bytes B] [--rescale-bytes B] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]"
+	synopsis = "[--storage URL] [--state-bytes B] [--rescale-bytes B] [--scale-files N,...] [--scale-objects N,...] [--churn F] [--checkpoints N] [--app-interval D] [--quick] [--json] [--cpuprofile FILE]"
 	example  = "ckpt-bench --state-bytes 1GiB --json > bench.json"
 )
 
@@ -65,6 +65,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	store := fs.String("storage", "", "storage URL to measure against (default: start versitygw, an S3 server, on 127.0.0.1)")
 	stateBytes := fs.String("state-bytes", "", "size of the workload's state and of the large checkpoint of the memory figure, e.g. 64MiB, 1GiB (default 64MiB; --quick 8MiB)")
 	rescaleBytes := fs.String("rescale-bytes", "", "keyed state of the rescale section (4 Pebble tasks rebuilt as 3 and as 6), e.g. 1GiB (default 1GiB; --quick 16MiB)")
+	scaleFiles := fs.String("scale-files", "", "state sizes in files of the scale section's incremental curve, e.g. 1k,10k,100k (default 1k,10k,100k; --quick 200,1k; \"none\" skips it)")
+	scaleObjects := fs.String("scale-objects", "", "job sizes in objects of the scale section's gc, list and verify curve, e.g. 10k,100k,1M (default 10k,100k,1M; --quick 2k; \"none\" skips it)")
+	scaleNoVerify := fs.Bool("scale-no-verify", false, "leave ckpt verify out of the scale section's jobs of many objects (it reads every live object)")
 	churn := fs.Float64("churn", 0.01, "fraction of the keys overwritten per round")
 	checkpoints := fs.Int("checkpoints", 0, "checkpoints of the incremental section (default 10; --quick 3)")
 	appInterval := fs.Duration("app-interval", time.Second, "checkpoint interval of the app-throughput section (phases last at least five intervals)")
@@ -74,7 +77,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	only := fs.String("only", "", "comma-separated sections to run: "+strings.Join(bench.Sections, ", ")+" (default all)")
 	dir := fs.String("dir", "", "scratch directory, kept afterwards (default: a temporary one, removed)")
 	ckptExe := fs.String("ckpt", "", "the ckpt binary to run as `ckpt agent` (default: built from the ckpt repository around the working directory or this binary, else the ckpt beside this binary, else the one on PATH)")
-	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the memory section's agent process on HOST:PORT")
+	agentMetrics := fs.String("agent-metrics-addr", "", "serve /metrics and /debug/pprof/ of the agent processes of the memory and scale sections on HOST:PORT")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
 	hashLoad := fs.String("hash-load", "", "hash this many bytes a second (e.g. 150MB) with BLAKE3 until interrupted, and do nothing else: the CPU control the app-throughput section runs beside the app")
 	copyLoad := fs.String("copy-load", "", "copy the new files of each checkpoint directory named on stdin into DIR, answer on stdout, and do nothing else: the shipping control the app-throughput section runs beside the app")
@@ -111,7 +114,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		return bench.HashLoad(ctx, rate)
 	}
-	o := bench.Options{Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir,
+	o := bench.Options{ScaleNoVerify: *scaleNoVerify, Storage: *store, Churn: *churn, Checkpoints: *checkpoints, AppInterval: *appInterval, Quick: *quick, Dir: *dir,
 		CkptExe: *ckptExe, AgentMetricsAddr: *agentMetrics, Log: stderr}
 	if *quiet {
 		o.Log = io.Discard
@@ -129,6 +132,24 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageError{fmt.Errorf("--rescale-bytes: %v", err)}
 		}
 		o.RescaleBytes = b
+	}
+	if *scaleFiles == "none" {
+		o.ScaleFiles = []int{}
+	} else if *scaleFiles != "" {
+		ns, err := parseCounts(*scaleFiles)
+		if err != nil {
+			return usageError{fmt.Errorf("--scale-files: %v", err)}
+		}
+		o.ScaleFiles = ns
+	}
+	if *scaleObjects == "none" {
+		o.ScaleObjects = []int{}
+	} else if *scaleObjects != "" {
+		ns, err := parseCounts(*scaleObjects)
+		if err != nil {
+			return usageError{fmt.Errorf("--scale-objects: %v", err)}
+		}
+		o.ScaleObjects = ns
 	}
 	if *only != "" {
 		o.Only = strings.Split(*only, ",")
@@ -187,4 +208,25 @@ func parseBytes(s string) (int64, error) {
 		return 0, fmt.Errorf("want a positive size such as 64MiB or 1GiB, got %q", s)
 	}
 	return int64(f * float64(mult)), nil
+}
+
+// parseCounts reads a comma-separated list of counts: 1000, 10k, 1M.
+func parseCounts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		mult := 1
+		switch {
+		case strings.HasSuffix(f, "k"), strings.HasSuffix(f, "K"):
+			f, mult = f[:len(f)-1], 1000
+		case strings.HasSuffix(f, "M"):
+			f, mult = f[:len(f)-1], 1000000
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("want positive counts such as 1k,10k,100k, got %q", s)
+		}
+		out = append(out, n*mult)
+	}
+	return out, nil
 }

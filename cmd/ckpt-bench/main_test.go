@@ -21,6 +21,9 @@ func TestBadUsageExitsTwoAndNamesTheFlag(t *testing.T) {
 		{[]string{"--checkpoints", "1"}, "checkpoints"},
 		{[]string{"--hash-load", "0"}, "--hash-load"},
 		{[]string{"--copy-load", "relative/dir"}, "--copy-load"},
+		{[]string{"--scale-files", "ten"}, "--scale-files"},
+		{[]string{"--scale-objects", "1k,0"}, "--scale-objects"},
+		{[]string{"--scale-objects", "10"}, "scale objects"},
 	} {
 		var stdout, stderr strings.Builder
 		if got := run(context.Background(), tc.args, &stdout, &stderr); got != 2 {
@@ -40,7 +43,7 @@ func TestHelpGoesToStdoutAndNamesEveryFlag(t *testing.T) {
 	if got := run(context.Background(), []string{"--help"}, &stdout, &stderr); got != 0 {
 		t.Fatalf("ckpt-bench --help: exit %d, stderr %q", got, stderr.String())
 	}
-	for _, f := range []string{"Usage: ckpt-bench", "-storage", "-quick", "-json", "-state-bytes", "-only", "-ckpt", "-hash-load", "-copy-load"} {
+	for _, f := range []string{"Usage: ckpt-bench", "-storage", "-quick", "-json", "-state-bytes", "-only", "-ckpt", "-hash-load", "-copy-load", "-scale-files", "-scale-objects"} {
 		if !strings.Contains(stdout.String(), f) {
 			t.Errorf("--help does not mention %q:\n%s", f, stdout.String())
 		}
@@ -68,6 +71,18 @@ func TestParseBytes(t *testing.T) {
 	for _, in := range []string{"", "0", "-1MiB", "lots"} {
 		if _, err := parseBytes(in); err == nil {
 			t.Errorf("parseBytes(%q): no error", in)
+		}
+	}
+}
+
+func TestParseCounts(t *testing.T) {
+	got, err := parseCounts("1k, 10K,100000,1M")
+	if err != nil || len(got) != 4 || got[0] != 1000 || got[1] != 10000 || got[2] != 100000 || got[3] != 1000000 {
+		t.Errorf("parseCounts: %v, %v", got, err)
+	}
+	for _, in := range []string{"", "1k,", "-5", "1.5k", "many"} {
+		if _, err := parseCounts(in); err == nil {
+			t.Errorf("parseCounts(%q): no error", in)
 		}
 	}
 }

@@ -164,7 +164,16 @@ func runList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	ms, problems, err := manifests.LoadRetained(ctx, st, *job, cat.Retained(*task))
+	// One manifest in memory at a time: a listing keeps each one's totals
+	// and drops its file table.
+	var ms []*manifests.Manifest
+	files := map[*manifests.Manifest]int{}
+	problems, err := manifests.EachRetained(ctx, st, *job, cat.Retained(*task), func(m *manifests.Manifest) error {
+		files[m] = len(m.Files)
+		m.Files = nil
+		ms = append(ms, m)
+		return nil
+	})
 	if err != nil {
 		return err
 	}
@@ -188,7 +197,7 @@ func runList(ctx context.Context, args []string) error {
 	incomplete := map[uint64]string{}
 	for _, m := range ms {
 		e := listEntry{Task: m.Task, Checkpoint: m.Checkpoint, Created: m.Created, CheckpointSize: m.CheckpointSize,
-			FullSize: m.FullSize, Files: len(m.Files), FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, Epoch: m.Epoch}
+			FullSize: m.FullSize, Files: files[m], FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, Epoch: m.Epoch}
 		if m.Tasks != nil {
 			js, err := jobs.Status(ctx, m.Checkpoint)
 			if err != nil {
@@ -290,7 +299,9 @@ func runVerify(ctx context.Context, args []string) error {
 		Problems    []manifests.Problem `json:"problems"`
 	}
 	res := result{Problems: []manifests.Problem{}}
-	var ms []*manifests.Manifest
+	// One manifest in memory at a time; each object read once, whichever
+	// checkpoints share it.
+	v := manifests.NewVerifier(st, *par)
 	for _, r := range cat.Retained(*task) {
 		if *n != 0 && r.Checkpoint != *n {
 			continue
@@ -301,15 +312,13 @@ func runVerify(ctx context.Context, args []string) error {
 			res.Problems = append(res.Problems, manifests.Problem{Task: r.Task, Checkpoint: r.Checkpoint, Problem: err.Error()})
 			continue
 		}
-		ms = append(ms, m)
+		probs, err := v.Check(ctx, m)
+		if err != nil {
+			return err
+		}
+		res.Problems = append(res.Problems, probs...)
 	}
-	// Each object once, whichever checkpoints share it.
-	probs, objects, b, err := manifests.VerifyAll(ctx, st, ms, *par)
-	if err != nil {
-		return err
-	}
-	res.Objects, res.Bytes = objects, b
-	res.Problems = append(res.Problems, probs...)
+	res.Objects, res.Bytes = v.Objects, v.Bytes
 	if *n != 0 && res.Checkpoints == 0 {
 		return fmt.Errorf("checkpoint %d of task %s is not a complete retained checkpoint (see ckpt list)", *n, *task)
 	}

@@ -54,12 +54,18 @@ func TestListShowsEverythingButAnUndecodableManifest(t *testing.T) {
 	var entries []struct {
 		Task       string `json:"task"`
 		Checkpoint uint64 `json:"checkpoint"`
+		Files      int    `json:"files"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &entries); err != nil {
 		t.Fatalf("list --json: stdout is not a JSON array: %v\n%s", err, stdout)
 	}
 	if len(entries) != 2 {
 		t.Errorf("list --json: %d entries, want the 2 good ones: %+v", len(entries), entries)
+	}
+	for _, e := range entries {
+		if e.Files != 1 {
+			t.Errorf("list --json: %s checkpoint %d has %d files, want 1", e.Task, e.Checkpoint, e.Files)
+		}
 	}
 	if !strings.Contains(stderr, badKey) || !strings.Contains(stderr, "not valid JSON") {
 		t.Errorf("list --json: stderr does not name %s and its error:\n%s", badKey, stderr)

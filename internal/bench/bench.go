@@ -35,6 +35,9 @@
 //  9. two shapes of random files (16 x 64 MiB, 1,000 x 1 MiB) uploaded and
 //     restored by ckpt and rclone, three rounds each, and one 16 MiB file
 //     added to the large shape end to end (shapes.go).
+//  10. cost growth (scale.go): a checkpoint adding 10 files to states of
+//     ScaleFiles files through a `ckpt agent` process, and `ckpt gc`,
+//     `ckpt list` and `ckpt verify` against jobs of ScaleObjects objects.
 package bench
 
 import (
@@ -75,7 +78,7 @@ type Options struct {
 	// Quick scales everything down to run in seconds (a smoke test).
 	Quick bool
 	// Only limits the run to these sections (default all): incremental,
-	// restore, app, peers, e2e, pause, memory.
+	// restore, app, peers, e2e, pause, memory, rescale, scale.
 	Only []string
 	// CkptExe is the ckpt binary run as `ckpt agent` (the app, pause and
 	// memory sections). Default: built from the ckpt repository around the
@@ -86,14 +89,23 @@ type Options struct {
 	// `LoadExe --copy-load DIR` for the app section's controls (default
 	// os.Executable(): ckpt-bench re-executes itself).
 	LoadExe string
-	// AgentMetricsAddr, when set, makes that agent serve /metrics and
-	// /debug/pprof/ there (to profile it while it uploads).
+	// AgentMetricsAddr, when set, makes the agents of the memory and scale
+	// sections serve /metrics and /debug/pprof/ there (to profile them).
 	AgentMetricsAddr string
 	// Dir is the scratch directory (default a temporary one, removed).
 	Dir string
 	// RescaleBytes is the keyed state of the rescale section (default
 	// 1 GiB; quick 16 MiB).
 	RescaleBytes int64
+	// ScaleFiles are the state sizes, in files, of the scale section's
+	// incremental curve (default 1,000, 10,000 and 100,000; quick 200 and
+	// 1,000); ScaleObjects the job sizes, in objects, of its GC, list and
+	// verify curve (default 10,000, 100,000 and 1,000,000; quick 2,000).
+	ScaleFiles   []int
+	ScaleObjects []int
+	// ScaleNoVerify leaves `ckpt verify` out of the jobs of many objects
+	// (it reads every live object: 20 minutes at a million here).
+	ScaleNoVerify bool
 	// Seed makes the workload reproducible (default 1).
 	Seed uint64
 	// Log receives progress lines (default: discarded).
@@ -101,7 +113,7 @@ type Options struct {
 }
 
 // Sections, in the order they run.
-var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory", "rescale", "shapes"}
+var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory", "rescale", "shapes", "scale"}
 
 func (o *Options) defaults() error {
 	if o.StateBytes == 0 {
@@ -114,6 +126,28 @@ func (o *Options) defaults() error {
 		o.RescaleBytes = 1 << 30
 		if o.Quick {
 			o.RescaleBytes = 16 << 20
+		}
+	}
+	if o.ScaleFiles == nil {
+		o.ScaleFiles = []int{1000, 10000, 100000}
+		if o.Quick {
+			o.ScaleFiles = []int{200, 1000}
+		}
+	}
+	if o.ScaleObjects == nil {
+		o.ScaleObjects = []int{10000, 100000, 1000000}
+		if o.Quick {
+			o.ScaleObjects = []int{2000}
+		}
+	}
+	for _, n := range o.ScaleFiles {
+		if n < 1 || n > 10000000 {
+			return fmt.Errorf("scale files must be between 1 and 10,000,000, got %d", n)
+		}
+	}
+	for _, n := range o.ScaleObjects {
+		if n < 100 || n > 100000000 {
+			return fmt.Errorf("scale objects must be between 100 and 100,000,000, got %d", n)
 		}
 	}
 	if o.Churn == 0 {
@@ -270,6 +304,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		{"memory", r.memory},
 		{"rescale", r.rescale},
 		{"shapes", r.shapes},
+		{"scale", r.scale},
 	}
 	for _, s := range sections {
 		if err := ctx.Err(); err != nil {

@@ -49,6 +49,27 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 		t.Fatalf("sections failed: %v\nlog:\n%s", rep.Errors, log.String())
 	}
 
+	// Cost growth: each size measured, each command's result checked by
+	// the section against the job it built (checkScaleResults).
+	if sc := rep.Scale; sc == nil || len(sc.Incremental) != 2 || len(sc.Objects) != 1 {
+		t.Errorf("scale: %+v", sc)
+	} else {
+		for _, in := range sc.Incremental {
+			if in.E2EMS <= 0 || in.ManifestBytes <= 0 || in.PeakRSSBytes <= 0 || in.PauseMS <= 0 {
+				t.Errorf("scale at %d files: %+v", in.Files, in)
+			}
+		}
+		ob := sc.Objects[0]
+		if len(ob.Commands) != 4 || ob.Agent == nil || ob.Agent.PeakRSSBytes <= 0 {
+			t.Errorf("scale job of %d objects: %+v", ob.Objects, ob)
+		}
+		for _, c := range ob.Commands {
+			if c.RequestsTotal <= 0 || c.MaxRSSBytes <= 0 {
+				t.Errorf("scale: ckpt %s: %d requests, max RSS %d", c.Name, c.RequestsTotal, c.MaxRSSBytes)
+			}
+		}
+	}
+
 	if got, want := len(rep.Series), rep.Config.Checkpoints; got != want {
 		t.Errorf("series has %d checkpoints, want %d", got, want)
 	}
@@ -183,6 +204,8 @@ func TestBadOptionsAreRefusedBeforeAnythingRuns(t *testing.T) {
 		"interval too long":  {Options{AppInterval: time.Hour}, "app interval"},
 		"negative interval":  {Options{AppInterval: -time.Second}, "app interval"},
 		"unknown section":    {Options{Only: []string{"nope"}}, "unknown section"},
+		"no scale files":     {Options{ScaleFiles: []int{0}}, "scale files"},
+		"tiny scale job":     {Options{ScaleObjects: []int{10}}, "scale objects"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()

@@ -170,7 +170,7 @@ func (r *run) sidecarOn(ctx context.Context, name string, nice int, url string, 
 	if strings.HasPrefix(url, "file://") {
 		args = append(args, "--create-storage") // the bench's file store may not exist yet
 	}
-	if r.o.AgentMetricsAddr != "" && name == "rss" {
+	if r.o.AgentMetricsAddr != "" && (name == "rss" || strings.HasPrefix(name, "scale-")) {
 		args = append(args, "--metrics-addr", r.o.AgentMetricsAddr, "--pprof")
 	}
 	exe, err := r.ckptExe(ctx)

@@ -26,6 +26,7 @@ type Report struct {
 	Memory            *Memory            `json:"memory"`
 	Rescale           *Rescale           `json:"rescale"`
 	Shapes            *Shapes            `json:"shapes"`
+	Scale             *Scale             `json:"scale"`
 	// Series is the raw per-checkpoint series of the incremental section.
 	Series    []CheckpointSample `json:"series"`
 	Targets   []Target           `json:"targets"`
@@ -447,6 +448,32 @@ func (r *Report) finish() {
 					len(inc.CkptMS), inc.Rclone.MedianMS/1000, inc.ControlPut.MedianMS/1000, inc.ControlSHA256.MedianMS/1000))
 		}
 	}
+	if sc := r.Scale; sc != nil {
+		if n := len(sc.Incremental); n > 0 {
+			in := sc.Incremental[n-1]
+			note = fmt.Sprintf("a checkpoint adding %d files to %d, end to end, less the same %d files checkpointed alone; agent CPU %.1f us per unchanged file", sc.NewFiles, in.Files, sc.NewFiles, in.UnchangedFileCPUUS)
+			add("incremental checkpoint cost per unchanged file", true, in.UnchangedFileUS, "us", "<=", 10, in.Files < 100000, note)
+			add("manifest bytes per file", true, in.ManifestBytesPerFile, "B", "<=", 64, in.Files < 100000, fmt.Sprintf("at %d files", in.Files))
+		}
+		if n := len(sc.Objects); n > 0 {
+			ob := sc.Objects[n-1]
+			scaled := ob.Objects < 1000000
+			if ob.Agent != nil {
+				add("agent peak RSS in a job of many objects", true, float64(ob.Agent.PeakRSSBytes)/(1<<20), "MiB", "<=", 128, scaled,
+					fmt.Sprintf("%d objects in the job; the agent's checkpoints and its job-wide GC sweep", ob.Live))
+			}
+			for _, c := range ob.Commands {
+				switch c.Name {
+				case "gc (deletes)":
+					add("gc time / listing time", ob.ListingMS > 0, c.MS/ob.ListingMS, "x", "<=", 1.5, scaled,
+						fmt.Sprintf("%d objects: gc deleting %d in %.1f s, one listing of them %.1f s; gc max RSS %.0f MiB", ob.Objects, ob.Garbage, c.MS/1000, ob.ListingMS/1000, float64(c.MaxRSSBytes)/(1<<20)))
+				case "verify":
+					add("verify reads per live object", ob.Live > 0, float64(c.Requests["GET"]-int64(ob.Checkpoints))/float64(ob.Live), "x", "<=", 1, scaled,
+						fmt.Sprintf("%d live objects named %d times by %d checkpoints", ob.Live, ob.References, ob.Checkpoints))
+				}
+			}
+		}
+	}
 	if rs := r.Rescale; rs != nil {
 		note = ""
 		if rs.Scaled {
@@ -587,6 +614,25 @@ func (r *Report) Print(w io.Writer) error {
 		}
 	}
 	r.printShapes(w)
+	if sc := r.Scale; sc != nil {
+		for _, in := range sc.Incremental {
+			fmt.Fprintf(w, "\nScale, %d files of %s: a checkpoint adding %d files %.1f ms end to end (alone %.1f ms: %.1f us per unchanged file; agent CPU %.0f ms, alone %.0f ms: %.1f us per file), pause p50 %.2f ms, manifest %s (%.0f B/file), agent peak RSS %s",
+				in.Files, human.Bytes(sc.FileBytes), sc.NewFiles, in.E2EMS, in.ControlMS, in.UnchangedFileUS, in.CPUMS, in.ControlCPUMS, in.UnchangedFileCPUUS, in.PauseMS, human.Bytes(in.ManifestBytes), in.ManifestBytesPerFile, human.Bytes(in.PeakRSSBytes))
+		}
+		for _, ob := range sc.Objects {
+			fmt.Fprintf(w, "\nScale, a job of %d objects (%d live, %d checkpoints), listed in %.1f s:", ob.Objects, ob.Live, ob.Checkpoints, ob.ListingMS/1000)
+			for _, c := range ob.Commands {
+				fmt.Fprintf(w, "\n  ckpt %s: %.1f s, %d requests %v, max RSS %s", c.Name, c.MS/1000, c.RequestsTotal, c.Requests, human.Bytes(c.MaxRSSBytes))
+			}
+			if a := ob.Agent; a != nil {
+				fmt.Fprintf(w, "\n  agent: checkpoints %v ms, GC sweep %.1f s, peak RSS %s", a.CheckpointMS, a.SweepMS/1000, human.Bytes(a.PeakRSSBytes))
+			}
+		}
+		if sc.ObjectsReason != "" {
+			fmt.Fprintf(w, "\nScale, jobs of many objects: %s", sc.ObjectsReason)
+		}
+		fmt.Fprintln(w)
+	}
 	for _, e := range r.Errors {
 		fmt.Fprintf(w, "\nerror: %s\n", e)
 	}

@@ -45,6 +45,9 @@ type target struct {
 	endpoint, bucket, prefix, access, secret string
 	// file only: the directory.
 	dir string
+	// dataDir is the directory of the versitygw the bench started (its
+	// posix backend: <dataDir>/<bucket>/<key>), "" otherwise.
+	dataDir string
 	// pid is the storage server's process when the bench started one (0
 	// otherwise), for its CPU time.
 	pid int
@@ -207,7 +210,7 @@ func startVersitygw(ctx context.Context, root string) (*target, error) {
 		t := &target{
 			kind: "s3", endpoint: endpoint, bucket: benchBucket, access: benchAccessKey, secret: benchSecretKey,
 			desc: "versitygw " + servers.VersitygwVersion + " on " + endpoint + " (started by the bench)",
-			stop: stop, pid: cmd.Process.Pid,
+			stop: stop, pid: cmd.Process.Pid, dataDir: data,
 		}
 		q := url.Values{"path_style": {"true"}, "endpoint": {endpoint}, "region": {benchRegion}}
 		t.url = "s3://" + benchBucket + "?" + q.Encode()
@@ -248,4 +251,17 @@ func waitHTTP(ctx context.Context, endpoint string, exited <-chan struct{}) erro
 			return errors.New("not ready after 30s")
 		}
 	}
+}
+
+// openS3At opens the S3 target t through another endpoint (a proxy in
+// front of t's).
+func openS3At(ctx context.Context, t *target, endpoint string) (storage.Store, error) {
+	o := s3store.Options{Bucket: t.bucket, Prefix: t.prefix, Endpoint: endpoint, PathStyle: true}
+	if t.access != "" {
+		o.Credentials = credentials.NewStaticCredentialsProvider(t.access, t.secret, "")
+	}
+	if t.pid != 0 {
+		o.Region = benchRegion
+	}
+	return s3store.New(ctx, o)
 }

@@ -1,0 +1,92 @@
+package manifests
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ckpt-io/ckpt/storage"
+)
+
+// listingStore records whether deletes of shared objects arrive while a
+// listing of the shared prefix is still going on.
+type listingStore struct {
+	storage.Store
+	listing        atomic.Bool
+	deletesInList  atomic.Int64
+	deletesOutside atomic.Int64
+}
+
+func (s *listingStore) List(ctx context.Context, prefix string, fn func(storage.ObjectInfo) error) error {
+	shared := strings.HasSuffix(prefix, "/shared/")
+	if shared {
+		s.listing.Store(true)
+		defer s.listing.Store(false)
+	}
+	return s.Store.List(ctx, prefix, fn)
+}
+
+func (s *listingStore) Delete(ctx context.Context, keys ...string) error {
+	if len(keys) > 0 && strings.Contains(keys[0], "/shared/") {
+		if s.listing.Load() {
+			s.deletesInList.Add(1)
+		} else {
+			s.deletesOutside.Add(1)
+		}
+	}
+	return s.Store.Delete(ctx, keys...)
+}
+
+// TestGCSweepsWhileItLists: a collection deletes the candidates of ripe
+// marks in batches as its listing finds them, so its memory does not grow
+// with the objects of the job; live objects stay, every candidate goes.
+func TestGCSweepsWhileItLists(t *testing.T) {
+	ctx := context.Background()
+	s := &listingStore{Store: newStore(t)}
+	commit(t, s, "t", 1, "live one", "live two")
+	defer func(n int) { deleteBatch = n }(deleteBatch)
+	deleteBatch = 10
+	garbage := 2*deleteBatch + 5
+	for i := range garbage {
+		b := []byte(fmt.Sprintf("orphan %d", i))
+		put(t, s, SharedKey("job", sha(b), int64(len(b))), b)
+	}
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	opts := GCOptions{Grace: time.Hour, Now: later, MarkDelay: time.Nanosecond}
+	rep, err := GC(ctx, s, "job", opts)
+	if err != nil || rep.MarkedObjects != garbage || rep.DeletedObjects != 0 || rep.LiveObjects != 2 {
+		t.Fatalf("first collection: %+v %v", rep, err)
+	}
+	rep, err = GC(ctx, s, "job", opts)
+	if err != nil || rep.DeletedObjects != garbage || rep.LiveObjects != 2 {
+		t.Fatalf("second collection: %+v %v", rep, err)
+	}
+	if n := s.deletesInList.Load(); n < 2 {
+		t.Fatalf("%d batches deleted while listing (%d after): the sweep waits for the whole listing", n, s.deletesOutside.Load())
+	}
+	left := 0
+	s.Store.List(ctx, SharedPrefix("job"), func(storage.ObjectInfo) error { left++; return nil })
+	if left != 2 {
+		t.Fatalf("%d shared objects left, want the 2 live ones", left)
+	}
+	if _, err := Load(ctx, s, "job", "t", 1); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadSizedReadsWhateverTheHintSays(t *testing.T) {
+	body := strings.Repeat("manifest bytes ", 1000)
+	for _, hint := range []int64{0, -1, 10, int64(len(body)), int64(len(body)) + 5, 1 << 30} {
+		got, err := readSized(strings.NewReader(body), hint, int64(len(body))+1)
+		if err != nil || string(got) != body {
+			t.Errorf("hint %d: %d bytes, %v", hint, len(got), err)
+		}
+	}
+	got, err := readSized(strings.NewReader(body), int64(len(body)), 100)
+	if err != nil || len(got) != 100 {
+		t.Errorf("limit 100: %d bytes, %v", len(got), err)
+	}
+}
