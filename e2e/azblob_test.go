@@ -52,8 +52,10 @@ func TestCheckpointOnAzureBlobThroughThePlugin(t *testing.T) {
 	snap2 := filepath.Join(root, "snap-2")
 	newBytes := writeSnapshot2(t, snap1, snap2)
 	ev2 := trigger(t, socket, task, 2, snap2)
-	// checkpoint_size counts the manifest and bookkeeping too.
-	if ev2.CheckpointSize < newBytes || ev2.CheckpointSize > newBytes+64<<10 || ev2.FilesReused != 10 {
+	// checkpoint_size counts the manifest and bookkeeping too; a format 2
+	// manifest holds the small private files compressed, so it may fall a
+	// little below the new bytes (0.99x is the floor, as elsewhere).
+	if float64(ev2.CheckpointSize) < 0.99*float64(newBytes) || ev2.CheckpointSize > newBytes+64<<10 || ev2.FilesReused != 10 {
 		t.Errorf("checkpoint 2: %+v, want about %d new bytes and 10 reused files", ev2, newBytes)
 	}
 

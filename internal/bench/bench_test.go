@@ -74,7 +74,8 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 		t.Errorf("series has %d checkpoints, want %d", got, want)
 	}
 	for _, s := range rep.Series {
-		if s.BytesWritten <= 0 || s.FullBytesWritten < s.FullSize || s.NewBytes <= 0 {
+		// 0.99: a format 2 manifest holds the small private files compressed.
+		if s.BytesWritten <= 0 || float64(s.FullBytesWritten) < 0.99*float64(s.FullSize) || s.NewBytes <= 0 {
 			t.Errorf("checkpoint %d: written %d, full agent wrote %d of a %d-byte snapshot, new %d", s.Checkpoint, s.BytesWritten, s.FullBytesWritten, s.FullSize, s.NewBytes)
 		}
 	}
