@@ -463,7 +463,11 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 		// A task with no checkpoint of its own (one a rescale restore built
 		// from other tasks' tables) reuses what the job's other tasks retain.
 		ck.at("reading the job's other tasks' checkpoints")
-		others, err := uploader.OtherTasksConfirmed(ctx, a.cfg.Store, a.cfg.Job, t.name)
+		sizes := make(map[int64]bool, len(ck.snap.Files))
+		for _, f := range ck.snap.Files {
+			sizes[f.Size] = true
+		}
+		others, err := uploader.OtherTasksConfirmed(ctx, a.cfg.Store, a.cfg.Job, t.name, sizes)
 		if err != nil {
 			a.log.Warn("read the job's other tasks' checkpoints: their objects are not reused", "task", t.name, "err", err)
 		}

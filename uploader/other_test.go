@@ -34,7 +34,11 @@ func TestOtherTasksConfirmedNamesOnlyOtherTasksRetainedObjects(t *testing.T) {
 	if err := manifests.Retire(ctx, st, "job", "a", 1); err != nil {
 		t.Fatal(err)
 	}
-	got, err := uploader.OtherTasksConfirmed(ctx, st, "job", "b")
+	sizes := map[int64]bool{}
+	for _, f := range res.Files {
+		sizes[f.Size] = true
+	}
+	got, err := uploader.OtherTasksConfirmed(ctx, st, "job", "b", sizes)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,7 +46,11 @@ func TestOtherTasksConfirmedNamesOnlyOtherTasksRetainedObjects(t *testing.T) {
 	if got[kept.ContentID()] != kept.Key || len(got) != 1 {
 		t.Fatalf("task b may reuse %v, want only %s (a's retained checkpoint 2), not %s (retired)", got, kept.Key, retired.Key)
 	}
-	own, err := uploader.OtherTasksConfirmed(ctx, st, "job", "a")
+	none, err := uploader.OtherTasksConfirmed(ctx, st, "job", "b", map[int64]bool{kept.Size + 1: true})
+	if err != nil || len(none) != 0 {
+		t.Fatalf("task b of files of other sizes may reuse %v (%v), want nothing", none, err)
+	}
+	own, err := uploader.OtherTasksConfirmed(ctx, st, "job", "a", sizes)
 	if err != nil || len(own) != 0 {
 		t.Fatalf("task a's own objects came back as another task's: %v, %v", own, err)
 	}

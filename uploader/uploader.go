@@ -587,14 +587,17 @@ const maxOtherManifests = 256
 
 // OtherTasksConfirmed returns the shared objects (content id -> key) of
 // the retained manifests of the job's other tasks (at most
-// maxOtherManifests of them, the most recently created first). A task
-// with no complete checkpoint of its own, such as one a rescale restore
-// built by ingesting other tasks' tables unchanged, reuses them:
+// maxOtherManifests of them, the most recently created first) whose size
+// is one of sizes: only an object of a file's size can hold the file, so
+// a task of a few files holds a few entries, however large the job. A
+// task with no complete checkpoint of its own, such as one a rescale
+// restore built by ingesting other tasks' tables unchanged, reuses them:
 // invariant 3 allows reusing objects a complete, retained manifest
 // references, and Presence and the GC marks check them before a manifest
-// names them, as they do the task's own. An unreadable manifest is
-// skipped: fewer reuses, never a wrong one.
-func OtherTasksConfirmed(ctx context.Context, s storage.Store, job, task string) (map[string]string, error) {
+// names them, as they do the task's own. Manifests are read one at a
+// time, so memory holds one of them. An unreadable manifest is skipped:
+// fewer reuses, never a wrong one.
+func OtherTasksConfirmed(ctx context.Context, s storage.Store, job, task string, sizes map[int64]bool) (map[string]string, error) {
 	cat, err := manifests.Scan(ctx, s, job, "")
 	if err != nil {
 		return nil, err
@@ -607,29 +610,17 @@ func OtherTasksConfirmed(ctx context.Context, s storage.Store, job, task string)
 	}
 	sort.Slice(refs, func(i, j int) bool { return refs[i].Created.After(refs[j].Created) })
 	refs = refs[:min(len(refs), maxOtherManifests)]
-	ms := make([]*manifests.Manifest, len(refs))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(8)
-	for i, r := range refs {
-		g.Go(func() error {
-			got, _, err := manifests.LoadRetained(gctx, s, job, []manifests.Ref{r})
-			if len(got) == 1 {
-				ms[i] = got[0]
-			}
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
 	out := map[string]string{}
-	for _, m := range ms {
-		if m == nil {
-			continue
+	for _, r := range refs {
+		got, _, err := manifests.LoadRetained(ctx, s, job, []manifests.Ref{r})
+		if err != nil {
+			return nil, err
 		}
-		for _, f := range m.Files {
-			if f.Kind == manifests.Shared {
-				out[f.ContentID()] = f.Key
+		for _, m := range got {
+			for _, f := range m.Files {
+				if f.Kind == manifests.Shared && sizes[f.Size] {
+					out[f.ContentID()] = f.Key
+				}
 			}
 		}
 	}
