@@ -155,25 +155,9 @@ func HashFile(ctx context.Context, path string, alg Alg) (string, int64, error) 
 // is one.
 func HashReader(ctx context.Context, r io.Reader, alg Alg) (string, int64, error) {
 	h := NewHasher(alg)
-	bp := fsutil.GetBuf()
-	defer fsutil.PutBuf(bp)
-	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return "", n, err
-		}
-		k, err := r.Read(*bp)
-		h.Write((*bp)[:k])
-		n += int64(k)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			if f, ok := r.(interface{ Name() string }); ok {
-				return "", n, fmt.Errorf("hash %s: %w", f.Name(), err)
-			}
-			return "", n, fmt.Errorf("hash: %w", err)
-		}
+	n, err := fsutil.Stream(ctx, r, h)
+	if err != nil {
+		return "", n, err
 	}
 	return h.Digest(), n, nil
 }

@@ -45,32 +45,42 @@ func HashFile(ctx context.Context, path string) (string, int64, error) {
 
 // HashReader streams r through SHA-256, from where it is to its end, and
 // returns the hex digest and the number of bytes read: HashFile for a file
-// the caller opened itself. ctx is checked between reads, and its error
-// returned as it is. Read errors are wrapped as "hash <name>: ..." (the
-// name of an *os.File).
+// the caller opened itself. ctx and read errors as in Stream.
 func HashReader(ctx context.Context, r io.Reader) (string, int64, error) {
 	h := sha256.New()
+	n, err := Stream(ctx, r, h)
+	if err != nil {
+		return "", n, err
+	}
+	return hex.EncodeToString(h.Sum(nil)), n, nil
+}
+
+// Stream copies r, from where it is to its end, into h (a hash: its
+// writes do not fail) through a pooled buffer and returns the number of
+// bytes read. ctx is checked between reads, and its error returned as it
+// is. Read errors are wrapped as "hash <name>: ..." (the name of an
+// *os.File).
+func Stream(ctx context.Context, r io.Reader, h io.Writer) (int64, error) {
 	bp := GetBuf()
 	defer PutBuf(bp)
 	var n int64
 	for {
 		if err := ctx.Err(); err != nil {
-			return "", n, err
+			return n, err
 		}
 		k, err := r.Read(*bp)
 		h.Write((*bp)[:k])
 		n += int64(k)
 		if err == io.EOF {
-			break
+			return n, nil
 		}
 		if err != nil {
 			if f, ok := r.(interface{ Name() string }); ok {
-				return "", n, fmt.Errorf("hash %s: %w", f.Name(), err)
+				return n, fmt.Errorf("hash %s: %w", f.Name(), err)
 			}
-			return "", n, fmt.Errorf("hash: %w", err)
+			return n, fmt.Errorf("hash: %w", err)
 		}
 	}
-	return hex.EncodeToString(h.Sum(nil)), n, nil
 }
 
 // SyncFile fsyncs the file at p.
