@@ -281,20 +281,41 @@ func LoadRetained(ctx context.Context, s storage.Store, job string, refs []Ref) 
 // fields of each (list) holds one manifest at a time. An error from fn
 // stops it and is returned.
 func EachRetained(ctx context.Context, s storage.Store, job string, refs []Ref, fn func(*Manifest) error) ([]Problem, error) {
+	return eachRef(refs, func(r Ref) error {
+		m, err := LoadRef(ctx, s, job, r)
+		if err != nil {
+			return err
+		}
+		return fn(m)
+	})
+}
+
+// EachRetainedHeader is EachRetained for readers of the totals alone
+// (list): each manifest is walked, checked as Decode checks it, without
+// decoding its files (see Walk), and fn gets it without Files and their
+// number.
+func EachRetainedHeader(ctx context.Context, s storage.Store, job string, refs []Ref, fn func(m *Manifest, files int) error) ([]Problem, error) {
+	return eachRef(refs, func(r Ref) error {
+		m, n, err := WalkRef(ctx, s, job, r, nil)
+		if err != nil {
+			return err
+		}
+		return fn(m, n)
+	})
+}
+
+// eachRef calls load for each of refs, collecting unreadable manifests as
+// problems and skipping deleted ones; any other error stops it.
+func eachRef(refs []Ref, load func(Ref) error) ([]Problem, error) {
 	var problems []Problem
 	for _, r := range refs {
-		m, err := LoadRef(ctx, s, job, r)
+		err := load(r)
 		var bad *UnreadableError
 		switch {
 		case errors.As(err, &bad):
 			problems = append(problems, Problem{Task: r.Task, Checkpoint: r.Checkpoint, Key: bad.Key, Problem: bad.Error()})
-			continue
 		case errors.Is(err, storage.ErrNotFound):
-			continue
 		case err != nil:
-			return nil, err
-		}
-		if err := fn(m); err != nil {
 			return nil, err
 		}
 	}

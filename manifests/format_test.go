@@ -156,10 +156,25 @@ func join2(header, table []byte) []byte {
 }
 
 func TestDecodeRefusesTamperedFormat2(t *testing.T) {
-	enc, _ := mixedSample().Encode(0)
-	header, table := body2(t, mixedSample())
+	for name, data := range tamperedFormat2(t, mixedSample) {
+		t.Run(name, func(t *testing.T) {
+			_, err := Decode(data)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// tamperedFormat2 returns format 2 manifests that every reader must
+// refuse, by what is wrong with them, made from base (mixedSample's files
+// in any order).
+func tamperedFormat2(t *testing.T, base func() *Manifest) map[string][]byte {
+	enc, _ := base().Encode(0)
+	header, table := body2(t, base())
 	edited := func(edit func(m *Manifest)) []byte {
-		m := mixedSample()
+		m := base()
 		edit(m)
 		h, tb := body2(t, m)
 		return reseal2(join2(h, tb))
@@ -178,26 +193,28 @@ func TestDecodeRefusesTamperedFormat2(t *testing.T) {
 		"more files than bytes":                rawTable(binary.AppendUvarint(nil, 1<<40)),
 		"unknown flags":                        rawTable(append([]byte{1, 0x80, 0, 1, 'a', 1}, make([]byte, 32)...)),
 		"a name sharing past the previous one": rawTable(append([]byte{1, 0, 3, 1, 'a', 1}, make([]byte, 32)...)),
-		"a dot-dot name":                       edited(func(m *Manifest) { m.Files[0].Name = ".." }),
-		"a name with a separator":              edited(func(m *Manifest) { m.Files[4].Name = "a/b" }),
-		"a duplicate name":                     edited(func(m *Manifest) { m.Files[4].Name = "CURRENT" }),
-		"a blake3 file under a sha256 key":     edited(func(m *Manifest) { m.Files[4].Key = SharedKey("job", sha([]byte("x")), m.Files[4].Size) }),
-		"a key outside the job":                edited(func(m *Manifest) { m.Files[4].Key = "other/shared/aa/x" }),
-		"inline bytes of another hash":         edited(func(m *Manifest) { m.Files[5].Inline = []byte("OPT") }),
+		"a dot-dot name":                       edited(func(m *Manifest) { fileOf(m, "000005.sst").Name = ".." }),
+		"a name with a separator":              edited(func(m *Manifest) { fileOf(m, "000009.sst").Name = "a/b" }),
+		"a duplicate name":                     edited(func(m *Manifest) { fileOf(m, "000009.sst").Name = "CURRENT" }),
+		"a blake3 file under a sha256 key":     edited(func(m *Manifest) { fileOf(m, "000009.sst").Key = SharedKey("job", sha([]byte("x")), fileOf(m, "000009.sst").Size) }),
+		"a key outside the job":                edited(func(m *Manifest) { fileOf(m, "000009.sst").Key = "other/shared/aa/x" }),
+		"inline bytes of another hash":         edited(func(m *Manifest) { fileOf(m, "OPTIONS-000003").Inline = []byte("OPT") }),
 		"a wrong full size":                    edited(func(m *Manifest) { m.FullSize++ }),
 		"a bad task name":                      edited(func(m *Manifest) { m.Task = "../t" }),
 		"files in the header":                  reseal2(join2(bytes.Replace(header, []byte(`"files":null`), []byte(`"files":[]`), 1), table)),
 		"an unknown header field":              reseal2(join2(bytes.Replace(header, []byte(`{`), []byte(`{"surprise":1,`), 1), table)),
 	}
-	for name, data := range cases {
-		t.Run(name, func(t *testing.T) {
-			_, err := Decode(data)
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			t.Log(err)
-		})
+	return cases
+}
+
+// fileOf returns the file of m named name.
+func fileOf(m *Manifest, name string) *File {
+	for i := range m.Files {
+		if m.Files[i].Name == name {
+			return &m.Files[i]
+		}
 	}
+	panic("no file " + name)
 }
 
 func deflate(t *testing.T, raw []byte) []byte {
@@ -253,42 +270,7 @@ func FuzzDecodeFormat2Table(f *testing.F) {
 // manifest comes back equal from both formats (format 1: sha256 ids only).
 func TestEncodeDecodeRoundTripsAnyManifest(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		format := rapid.SampledFrom([]int{Format1, Format2}).Draw(t, "format")
-		m := &Manifest{
-			Job:        rapid.StringMatching(`[a-z][a-z0-9-]{0,8}`).Draw(t, "job"),
-			Task:       rapid.StringMatching(`[a-z][a-z0-9.-]{0,8}`).Draw(t, "task"),
-			Checkpoint: rapid.Uint64Range(1, 1<<40).Draw(t, "n"),
-			Parent:     rapid.Uint64Range(0, 1<<40).Draw(t, "parent"),
-			Created:    time.Unix(rapid.Int64Range(0, 1<<34).Draw(t, "created"), 0).UTC(),
-			Epoch:      rapid.Uint64Range(0, 5).Draw(t, "epoch"),
-			Format:     format,
-		}
-		names := rapid.SliceOfDistinct(rapid.StringMatching(`[0-9]{6}\.sst|MANIFEST-[0-9]{6}|[A-Za-z0-9._-]{1,40}`), rapid.ID[string]).Draw(t, "names")
-		for _, name := range names {
-			if name == "." || name == ".." {
-				continue
-			}
-			alg := SHA256
-			if format == Format2 && rapid.Bool().Draw(t, "blake3") {
-				alg = BLAKE3
-			}
-			data := []byte(rapid.StringN(0, 40, -1).Draw(t, "data"))
-			f := File{Name: name, Size: int64(len(data)), Uploaded: rapid.Bool().Draw(t, "uploaded")}
-			f.SetDigest(SumBytes(alg, data))
-			switch rapid.IntRange(0, 2).Draw(t, "kind") {
-			case 0:
-				f.Kind, f.Key = Shared, SharedKey(m.Job, f.Digest(), f.Size)
-				if rapid.Bool().Draw(t, "fresh") {
-					f.Key = FreshKey(f.Key)
-				}
-			case 1:
-				f.Kind, f.Inline = Private, data
-			default:
-				f.Kind, f.Key = Private, PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, name)
-			}
-			m.Files = append(m.Files, f)
-			m.FullSize += f.Size
-		}
+		m := drawManifest(t)
 		enc, err := m.Encode(rapid.Int64Range(0, 1<<40).Draw(t, "objects"))
 		if err != nil {
 			t.Fatal(err)
@@ -307,4 +289,46 @@ func TestEncodeDecodeRoundTripsAnyManifest(t *testing.T) {
 			t.Fatalf("round trip changed the manifest:\n got %+v\nwant %+v", got, m)
 		}
 	})
+}
+
+// drawManifest draws a valid manifest of format 1 or 2: files of every
+// kind, fresh keys, both algorithms (format 2), names in any order.
+func drawManifest(t *rapid.T) *Manifest {
+	format := rapid.SampledFrom([]int{Format1, Format2}).Draw(t, "format")
+	m := &Manifest{
+		Job:        rapid.StringMatching(`[a-z][a-z0-9-]{0,8}`).Draw(t, "job"),
+		Task:       rapid.StringMatching(`[a-z][a-z0-9.-]{0,8}`).Draw(t, "task"),
+		Checkpoint: rapid.Uint64Range(1, 1<<40).Draw(t, "n"),
+		Parent:     rapid.Uint64Range(0, 1<<40).Draw(t, "parent"),
+		Created:    time.Unix(rapid.Int64Range(0, 1<<34).Draw(t, "created"), 0).UTC(),
+		Epoch:      rapid.Uint64Range(0, 5).Draw(t, "epoch"),
+		Format:     format,
+	}
+	names := rapid.SliceOfDistinct(rapid.StringMatching(`[0-9]{6}\.sst|MANIFEST-[0-9]{6}|[A-Za-z0-9._-]{1,40}`), rapid.ID[string]).Draw(t, "names")
+	for _, name := range names {
+		if name == "." || name == ".." {
+			continue
+		}
+		alg := SHA256
+		if format == Format2 && rapid.Bool().Draw(t, "blake3") {
+			alg = BLAKE3
+		}
+		data := []byte(rapid.StringN(0, 40, -1).Draw(t, "data"))
+		f := File{Name: name, Size: int64(len(data)), Uploaded: rapid.Bool().Draw(t, "uploaded")}
+		f.SetDigest(SumBytes(alg, data))
+		switch rapid.IntRange(0, 2).Draw(t, "kind") {
+		case 0:
+			f.Kind, f.Key = Shared, SharedKey(m.Job, f.Digest(), f.Size)
+			if rapid.Bool().Draw(t, "fresh") {
+				f.Key = FreshKey(f.Key)
+			}
+		case 1:
+			f.Kind, f.Inline = Private, data
+		default:
+			f.Kind, f.Key = Private, PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, name)
+		}
+		m.Files = append(m.Files, f)
+		m.FullSize += f.Size
+	}
+	return m
 }

@@ -261,17 +261,21 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		} else {
 			rep.RetainedCheckpoints++
 		}
-		m, err := LoadRef(ctx, s, job, r)
+		// Walk streams the file table: memory holds the manifest as
+		// stored, not its decoded files. A manifest that fails its checks
+		// after some keys were added stops the collection: nothing is
+		// deleted, so the extra keys cannot matter.
+		_, _, err := WalkRef(ctx, s, job, r, func(f *FileView) error {
+			if len(f.Key) > 0 {
+				live.addBytes(f.Key)
+			}
+			return nil
+		})
 		if err != nil {
 			if errors.Is(err, storage.ErrNotFound) {
 				continue // deleted since the scan: a concurrent GC retired it
 			}
 			return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: %w (fix or remove that manifest)", job, err)
-		}
-		for _, f := range m.Files {
-			if f.Key != "" {
-				live.add(f.Key)
-			}
 		}
 	}
 

@@ -22,5 +22,11 @@ func (k *keySet) hash(key string) [2]uint64 {
 	return [2]uint64{maphash.String(k.seeds[0], key), maphash.String(k.seeds[1], key)}
 }
 
-func (k *keySet) add(key string)      { k.m[k.hash(key)] = struct{}{} }
+func (k *keySet) add(key string) { k.m[k.hash(key)] = struct{}{} }
+
+// addBytes is add of a key held as bytes (the same member as the string).
+func (k *keySet) addBytes(key []byte) {
+	k.m[[2]uint64{maphash.Bytes(k.seeds[0], key), maphash.Bytes(k.seeds[1], key)}] = struct{}{}
+}
+
 func (k *keySet) has(key string) bool { _, ok := k.m[k.hash(key)]; return ok }

@@ -192,7 +192,7 @@ func (r *JobReader) list(ctx context.Context, task string, n uint64) (tasks []st
 	ref, err := r.cat.Find(task, n)
 	var m *Manifest
 	if err == nil {
-		m, err = LoadRef(ctx, r.s, r.job, ref)
+		m, _, err = WalkRef(ctx, r.s, r.job, ref, nil) // the tasks list is in the header
 	}
 	var unreadable *UnreadableError
 	switch {

@@ -432,3 +432,70 @@ func TestVerifyAllReadsEachObjectOnce(t *testing.T) {
 		t.Fatalf("a damaged shared object: %d problems (%v), want one per checkpoint naming it", len(probs), err)
 	}
 }
+
+// CheckRef, which walks stored manifests instead of decoding them, reads
+// an object shared by many checkpoints once, reports a bad one against
+// every checkpoint that names it, and an unusable manifest as a problem.
+func TestCheckRefReadsEachObjectOnceFromStoredManifests(t *testing.T) {
+	ctx := context.Background()
+	fs, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{Store: fs, gets: map[string]int{}}
+	put := func(body string) File {
+		f := File{Name: fmt.Sprintf("%06d.sst", len(body)), Kind: Shared, Size: int64(len(body))}
+		f.SetDigest(SumBytes(BLAKE3, []byte(body)))
+		f.Key = SharedKey("j", f.Digest(), f.Size)
+		if err := fs.Put(ctx, f.Key, strings.NewReader(body), f.Size); err != nil {
+			t.Fatal(err)
+		}
+		return f
+	}
+	shared, other := put("shared by every checkpoint"), put("only in the last")
+	var refs []Ref
+	for n := uint64(1); n <= 5; n++ {
+		m := &Manifest{Job: "j", Task: "t", Checkpoint: n, Files: []File{shared}, FullSize: shared.Size}
+		if n == 5 {
+			m.Files = append(m.Files, other)
+			m.FullSize += other.Size
+		}
+		enc, err := m.Encode(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := Commit(ctx, fs, m, enc); err != nil {
+			t.Fatal(err)
+		}
+		refs = append(refs, RefOf(m))
+	}
+	check := func() ([]Problem, *Verifier) {
+		v := NewVerifier(cs, 4)
+		var probs []Problem
+		for _, r := range refs {
+			p, err := v.CheckRef(ctx, "j", r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			probs = append(probs, p...)
+		}
+		return probs, v
+	}
+	probs, v := check()
+	if len(probs) != 0 || v.Objects != 2 || v.Bytes != shared.Size+other.Size || cs.gets[shared.Key] != 1 {
+		t.Fatalf("CheckRef: %v, %d objects, %d bytes, the shared one read %d times", probs, v.Objects, v.Bytes, cs.gets[shared.Key])
+	}
+	bad := strings.Repeat("x", int(shared.Size))
+	if err := fs.Put(ctx, shared.Key, strings.NewReader(bad), shared.Size); err != nil {
+		t.Fatal(err)
+	}
+	if probs, _ = check(); len(probs) != 5 || probs[4].File != shared.Name || probs[4].Checkpoint != 5 {
+		t.Fatalf("a damaged shared object: %+v, want one problem per checkpoint naming it", probs)
+	}
+	if err := fs.Put(ctx, refs[2].Key, strings.NewReader("{}"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if probs, _ = check(); len(probs) != 5 || probs[2].Checkpoint != 3 || probs[2].File != "" {
+		t.Fatalf("an unusable manifest: %+v, want it as a problem of its own", probs)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"sync"
 
 	"golang.org/x/sync/errgroup"
 
@@ -133,6 +134,78 @@ func (v *Verifier) Check(ctx context.Context, m *Manifest) ([]Problem, error) {
 			problems = append(problems, Problem{Task: m.Task, Checkpoint: m.Checkpoint, File: f.Name, Key: f.Key, Problem: msg})
 		}
 	}
+	return problems, nil
+}
+
+// CheckRef is Check for the manifest ref names, read from v's store and
+// walked (see Walk) instead of decoded: memory holds the manifest as
+// stored and the objects being read, not its decoded files. A manifest
+// that cannot be read or used is one problem of its own; err is only for
+// failures to run at all (ctx).
+func (v *Verifier) CheckRef(ctx context.Context, job string, ref Ref) ([]Problem, error) {
+	unusable := func(err error) []Problem {
+		return []Problem{{Task: ref.Task, Checkpoint: ref.Checkpoint, Problem: err.Error()}}
+	}
+	data, key, err := readRef(ctx, v.s, job, ref)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return unusable(err), nil
+	}
+	var mu sync.Mutex
+	var read int64
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(v.parallelism)
+	_, _, werr := walkStored(data, key, job, ref, func(fv *FileView) error {
+		if len(fv.Key) == 0 {
+			return nil // inline: checked with the manifest's own checksum
+		}
+		f := fv.File()
+		id := identity(f)
+		if v.checked.has(id) {
+			return nil
+		}
+		v.checked.add(id)
+		v.Objects++
+		g.Go(func() error {
+			n, msg := checkObject(gctx, v.s, f)
+			mu.Lock()
+			defer mu.Unlock()
+			read += n
+			if msg != "" {
+				v.bad[id] = msg
+			}
+			return gctx.Err()
+		})
+		return gctx.Err()
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	v.Bytes += read
+	problems := []Problem(nil)
+	if werr != nil {
+		problems = unusable(werr)
+	}
+	if len(v.bad) == 0 {
+		return problems, nil
+	}
+	// The files of this manifest that name a bad object, read now or
+	// before: a second walk of the manifest still in memory.
+	_, _, _ = walkStored(data, key, job, ref, func(fv *FileView) error {
+		if len(fv.Key) == 0 {
+			return nil
+		}
+		f := fv.File()
+		if msg, ok := v.bad[identity(f)]; ok {
+			problems = append(problems, Problem{Task: ref.Task, Checkpoint: ref.Checkpoint, File: f.Name, Key: f.Key, Problem: msg})
+		}
+		return nil
+	})
 	return problems, nil
 }
 

@@ -8,10 +8,12 @@ package uploader
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"github.com/ckpt-io/ckpt/engines"
 	"go.opentelemetry.io/otel"
 	"io"
+	"maps"
 	"os"
 	"sort"
 	"sync"
@@ -612,17 +614,23 @@ func OtherTasksConfirmed(ctx context.Context, s storage.Store, job, task string,
 	refs = refs[:min(len(refs), maxOtherManifests)]
 	out := map[string]string{}
 	for _, r := range refs {
-		got, _, err := manifests.LoadRetained(ctx, s, job, []manifests.Ref{r})
-		if err != nil {
+		// Walked, not decoded: memory holds one manifest as stored. What
+		// a manifest offers counts only once the whole of it checked out.
+		found := map[string]string{}
+		_, _, err := manifests.WalkRef(ctx, s, job, r, func(f *manifests.FileView) error {
+			if f.Kind == manifests.Shared && sizes[f.Size] {
+				found[manifests.ContentID(f.Digest(), f.Size)] = string(f.Key)
+			}
+			return nil
+		})
+		var bad *manifests.UnreadableError
+		switch {
+		case errors.As(err, &bad), errors.Is(err, storage.ErrNotFound):
+			continue
+		case err != nil:
 			return nil, err
 		}
-		for _, m := range got {
-			for _, f := range m.Files {
-				if f.Kind == manifests.Shared && sizes[f.Size] {
-					out[f.ContentID()] = f.Key
-				}
-			}
-		}
+		maps.Copy(out, found)
 	}
 	return out, nil
 }

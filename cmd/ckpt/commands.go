@@ -164,13 +164,12 @@ func runList(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	// One manifest in memory at a time: a listing keeps each one's totals
-	// and drops its file table.
+	// A listing keeps each manifest's totals: the file tables are walked
+	// (and checked), never held.
 	var ms []*manifests.Manifest
 	files := map[*manifests.Manifest]int{}
-	problems, err := manifests.EachRetained(ctx, st, *job, cat.Retained(*task), func(m *manifests.Manifest) error {
-		files[m] = len(m.Files)
-		m.Files = nil
+	problems, err := manifests.EachRetainedHeader(ctx, st, *job, cat.Retained(*task), func(m *manifests.Manifest, n int) error {
+		files[m] = n
 		ms = append(ms, m)
 		return nil
 	})
@@ -299,20 +298,15 @@ func runVerify(ctx context.Context, args []string) error {
 		Problems    []manifests.Problem `json:"problems"`
 	}
 	res := result{Problems: []manifests.Problem{}}
-	// One manifest in memory at a time; each object read once, whichever
-	// checkpoints share it.
+	// One manifest in memory at a time, as stored (walked, not decoded);
+	// each object read once, whichever checkpoints share it.
 	v := manifests.NewVerifier(st, *par)
 	for _, r := range cat.Retained(*task) {
 		if *n != 0 && r.Checkpoint != *n {
 			continue
 		}
 		res.Checkpoints++
-		m, err := manifests.LoadRef(ctx, st, *job, r)
-		if err != nil {
-			res.Problems = append(res.Problems, manifests.Problem{Task: r.Task, Checkpoint: r.Checkpoint, Problem: err.Error()})
-			continue
-		}
-		probs, err := v.Check(ctx, m)
+		probs, err := v.CheckRef(ctx, *job, r)
 		if err != nil {
 			return err
 		}

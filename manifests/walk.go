@@ -1,0 +1,588 @@
+package manifests
+
+import (
+	"bufio"
+	"bytes"
+	"compress/flate"
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+
+	"github.com/ckpt-io/ckpt/storage"
+)
+
+// Walk is Decode for readers that need each file once and no file after:
+// GC's live set, a listing's totals, verify, the dedup candidates of other
+// tasks. It checks exactly what Decode checks and hands the files to fn
+// one at a time, in the manifest's order, through a FileView that is valid
+// only during the call. A format 2 manifest whose file names are in order
+// (every writer of ckpt sorts them) is walked as it is inflated: memory
+// holds data and a few KB, not the files, whose decoded form is ten times
+// the size of the manifest. Format 1 manifests and unsorted tables are
+// decoded whole (Decode) and then walked.
+//
+// Walk returns the manifest with Files nil, and the number of files. The
+// checksum of data is checked before fn sees a file; a problem found
+// later (a malformed file) makes Walk fail after fn saw the files before
+// it, so a caller keeps what fn gathered only when Walk succeeds. An error
+// from fn stops the walk and is returned as it is.
+func Walk(data []byte, fn func(*FileView) error) (*Manifest, int, error) {
+	m, n, err := walk(data, nil, fn)
+	var fe *walkFnError
+	if errors.As(err, &fe) {
+		return nil, 0, fe.err
+	}
+	return m, n, err
+}
+
+// walk is Walk that also calls check, when not nil, with the manifest's
+// header before fn sees a file; fn's errors come back as *walkFnError.
+func walk(data []byte, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
+	if fn == nil {
+		fn = func(*FileView) error { return nil }
+	}
+	if check == nil {
+		check = func(*Manifest) error { return nil }
+	}
+	if len(data) > MaxManifestBytes {
+		return nil, 0, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", len(data), MaxManifestBytes)
+	}
+	format, sum, body, ok := splitEnvelope(data)
+	if !ok {
+		var env envelope
+		if err := json.Unmarshal(data, &env); err != nil {
+			return nil, 0, fmt.Errorf("manifest is not valid JSON: %w", err)
+		}
+		format, sum, body = env.Format, env.SHA256, env.Body
+	}
+	if format != Format1 && format != Format2 {
+		return nil, 0, fmt.Errorf("manifest format %d is not supported by this ckpt (it reads formats 1 and 2); upgrade ckpt", format)
+	}
+	got := sha256.Sum256(body)
+	if hex.EncodeToString(got[:]) != sum {
+		return nil, 0, errors.New("manifest checksum mismatch: the manifest is corrupt or was tampered with")
+	}
+	if format == Format2 {
+		m, n, err := walkBody2(body, check, fn)
+		if !errors.Is(err, errUnsorted) {
+			return m, n, err
+		}
+		// Names out of order: Decode checks them with a set; the files
+		// before n were handed over already and are the same.
+		return walkDecoded(data, n, nil, fn)
+	}
+	return walkDecoded(data, 0, check, fn)
+}
+
+// errUnsorted stops walkBody2 at a name not after the one before it.
+var errUnsorted = errors.New("file names out of order")
+
+// walkDecoded decodes data whole and hands fn its files from the skip-th
+// on, after check (when not nil) accepted the manifest.
+func walkDecoded(data []byte, skip int, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
+	m, err := Decode(data)
+	if err != nil {
+		return nil, 0, err
+	}
+	if check != nil {
+		if err := check(m); err != nil {
+			return nil, 0, err
+		}
+	}
+	var v FileView
+	for _, f := range m.Files[min(skip, len(m.Files)):] {
+		v.set(f)
+		if err := fn(&v); err != nil {
+			return nil, 0, &walkFnError{err}
+		}
+	}
+	n := len(m.Files)
+	m.Files = nil
+	return m, n, nil
+}
+
+// FileView is one file of a manifest as Walk hands it over. Its slices
+// point into buffers Walk reuses: copy what must outlive the call.
+type FileView struct {
+	Name     []byte
+	Kind     Kind
+	Size     int64
+	Alg      Alg
+	Sum      []byte // the raw 32-byte hash
+	Key      []byte // the object's key; empty when Inline holds the bytes
+	Inline   []byte // nil unless the bytes are in the manifest
+	Uploaded bool
+}
+
+// Digest returns the file's digest (see digest.go).
+func (v *FileView) Digest() string { return digestOf(v.Alg, hex.EncodeToString(v.Sum)) }
+
+// File returns the file as Decode would, its own copy.
+func (v *FileView) File() File {
+	f := File{Name: string(v.Name), Kind: v.Kind, Size: v.Size, Key: string(v.Key), Uploaded: v.Uploaded}
+	f.SetDigest(v.Digest())
+	if v.Inline != nil {
+		f.Inline = bytes.Clone(v.Inline)
+		if f.Inline == nil {
+			f.Inline = []byte{}
+		}
+	}
+	return f
+}
+
+// set fills v from a decoded file (format 1, or a table out of order).
+func (v *FileView) set(f File) {
+	sum, _ := hex.DecodeString(hexOf(f.Digest())) // Validate checked it
+	*v = FileView{Name: []byte(f.Name), Kind: f.Kind, Size: f.Size, Alg: f.Alg(), Sum: sum, Key: []byte(f.Key), Inline: f.Inline, Uploaded: f.Uploaded}
+}
+
+// splitEnvelope parses the envelope as Encode writes it,
+// {"format":N,"sha256":"<64>","body":"<base64>"}, without copying the
+// body. ok is false for any other spelling, which json.Unmarshal then
+// parses: the result is the same, this is only cheaper.
+func splitEnvelope(data []byte) (format int, sum string, body []byte, ok bool) {
+	rest, ok := bytes.CutPrefix(data, []byte(`{"format":`))
+	if !ok {
+		return 0, "", nil, false
+	}
+	i := 0
+	for i < len(rest) && i < 3 && rest[i] >= '0' && rest[i] <= '9' {
+		i++
+	}
+	if i == 0 || (i > 1 && rest[0] == '0') {
+		return 0, "", nil, false
+	}
+	format, _ = strconv.Atoi(string(rest[:i]))
+	rest, ok = bytes.CutPrefix(rest[i:], []byte(`,"sha256":"`))
+	if !ok || len(rest) < 64 {
+		return 0, "", nil, false
+	}
+	sumb := rest[:64]
+	for _, c := range sumb {
+		if c < '0' || c > 'f' || (c > '9' && c < 'a') {
+			return 0, "", nil, false
+		}
+	}
+	rest, ok = bytes.CutPrefix(rest[64:], []byte(`","body":"`))
+	if !ok || len(rest) < 2 || rest[len(rest)-2] != '"' || rest[len(rest)-1] != '}' {
+		return 0, "", nil, false
+	}
+	// The body is a JSON string: here, of base64 characters only (which
+	// JSON neither escapes nor forbids).
+	if !allBase64(rest[:len(rest)-2]) {
+		return 0, "", nil, false
+	}
+	body = data[len(data)-len(rest)-1 : len(data)-1] // with its quotes
+	return format, string(sumb), body, true
+}
+
+func allBase64(b []byte) bool {
+	for _, c := range b {
+		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' || c == '=') {
+			return false
+		}
+	}
+	return true
+}
+
+// walkBody2 is decodeBody2 and Validate, a file at a time. It returns
+// errUnsorted, with the number of files handed over, at the first name
+// not after the one before it.
+func walkBody2(body []byte, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
+	var b64 []byte
+	if len(body) >= 2 && body[0] == '"' && body[len(body)-1] == '"' && allBase64(body[1:len(body)-1]) {
+		b64 = body[1 : len(body)-1]
+	} else {
+		var s string
+		if err := json.Unmarshal(body, &s); err != nil {
+			return nil, 0, fmt.Errorf("manifest body: format 2 holds a base64 string: %w", err)
+		}
+		b64 = []byte(s)
+	}
+	raw := &drainingReader{r: base64.NewDecoder(base64.StdEncoding, bytes.NewReader(b64))}
+	br := bufio.NewReaderSize(raw, 32<<10)
+	hlen, err := binary.ReadUvarint(br)
+	if err != nil || hlen > uint64(len(b64)) {
+		if raw.err != nil {
+			return nil, 0, fmt.Errorf("manifest body: %w", raw.err)
+		}
+		return nil, 0, errors.New("manifest body: bad header length: the manifest is corrupt")
+	}
+	header := make([]byte, hlen)
+	if _, err := io.ReadFull(br, header); err != nil {
+		if raw.err != nil {
+			return nil, 0, fmt.Errorf("manifest body: %w", raw.err)
+		}
+		return nil, 0, errors.New("manifest body: bad header length: the manifest is corrupt")
+	}
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(header))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return nil, 0, fmt.Errorf("manifest header: %w", err)
+	}
+	if dec.More() || m.Files != nil {
+		return nil, 0, errors.New("manifest header: unexpected content after the header or files in it: the manifest is corrupt")
+	}
+	m.Format = Format2
+	if err := m.validateHeader(); err != nil {
+		return nil, 0, err
+	}
+	if err := check(&m); err != nil {
+		return nil, 0, err
+	}
+	fr := flate.NewReader(br)
+	defer fr.Close()
+	w := &tableWalker{m: &m, r: bufio.NewReaderSize(&limitedTable{r: fr, left: MaxManifestBytes}, 32<<10)}
+	n, err := w.walk(fn)
+	var fe *walkFnError
+	switch {
+	case errors.As(err, &fe) || errors.Is(err, errUnsorted):
+		return nil, n, err
+	case err != nil && raw.err != nil:
+		return nil, 0, fmt.Errorf("manifest body: %w", raw.err)
+	case err != nil:
+		return nil, 0, err
+	}
+	// Decode rejects base64 it would not read to the end, too.
+	if _, err := io.Copy(io.Discard, br); err != nil || raw.err != nil {
+		return nil, 0, fmt.Errorf("manifest body: %w", errors.Join(err, raw.err))
+	}
+	if w.full != m.FullSize {
+		return nil, 0, fmt.Errorf("manifest: full size %d does not equal the sum of its files %d", m.FullSize, w.full)
+	}
+	return &m, n, nil
+}
+
+// drainingReader remembers its reader's first error other than EOF, so
+// that a failure of the base64 layer is reported as such rather than as
+// whatever the layers above made of the short read.
+type drainingReader struct {
+	r   io.Reader
+	err error
+}
+
+func (d *drainingReader) Read(p []byte) (int, error) {
+	n, err := d.r.Read(p)
+	if err != nil && err != io.EOF && d.err == nil {
+		d.err = err
+	}
+	return n, err
+}
+
+// limitedTable fails once the inflated table passes MaxManifestBytes, the
+// bound decodeBody2 puts on it.
+type limitedTable struct {
+	r    io.Reader
+	left int64
+}
+
+func (l *limitedTable) Read(p []byte) (int, error) {
+	if l.left <= 0 {
+		if n, _ := l.r.Read(make([]byte, 1)); n > 0 {
+			return 0, fmt.Errorf("manifest file table exceeds the %d byte limit", MaxManifestBytes)
+		}
+		return 0, io.EOF
+	}
+	if int64(len(p)) > l.left {
+		p = p[:l.left]
+	}
+	n, err := l.r.Read(p)
+	l.left -= int64(n)
+	return n, err
+}
+
+// tableWalker reads a format 2 file table from r (see encodeTable).
+type tableWalker struct {
+	m    *Manifest
+	r    *bufio.Reader
+	full int64
+	err  error // the first read error, reported instead of errTable
+}
+
+func (w *tableWalker) uvarint() (uint64, bool) {
+	v, err := binary.ReadUvarint(w.r)
+	if err != nil {
+		w.fail(err)
+		return 0, false
+	}
+	return v, true
+}
+
+func (w *tableWalker) read(dst []byte) bool {
+	if _, err := io.ReadFull(w.r, dst); err != nil {
+		w.fail(err)
+		return false
+	}
+	return true
+}
+
+func (w *tableWalker) fail(err error) {
+	if w.err == nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+		w.err = err
+	}
+}
+
+func (w *tableWalker) bad() error {
+	if w.err != nil {
+		return fmt.Errorf("manifest file table: %w", w.err)
+	}
+	return errTable
+}
+
+// walk hands the files of the table to fn and returns how many it did.
+func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
+	m := w.m
+	count, ok := w.uvarint()
+	if !ok {
+		return 0, w.bad()
+	}
+	sharedPrefix := []byte(SharedPrefix(m.Job))
+	privatePrefix := []byte(PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, ""))
+	var (
+		name, prev  = make([]byte, 0, maxNameLen), make([]byte, 0, maxNameLen)
+		sum         [hashLen]byte
+		key, defKey []byte
+		inline      bytes.Buffer
+		privateKeys = map[string]bool{}
+		v           FileView
+	)
+	for i := uint64(0); i < count; i++ {
+		var fl [1]byte
+		if !w.read(fl[:]) || fl[0]&^fileKnown != 0 {
+			return int(i), w.bad()
+		}
+		flags := fl[0]
+		common, ok1 := w.uvarint()
+		restLen, ok2 := w.uvarint()
+		if !ok1 || !ok2 || common > uint64(len(prev)) || restLen > maxNameLen || common+restLen > maxNameLen {
+			return int(i), w.bad()
+		}
+		name = append(name[:0], prev[:common]...)
+		name = name[:common+restLen]
+		if !w.read(name[common:]) {
+			return int(i), w.bad()
+		}
+		size, ok := w.uvarint()
+		if !ok || size > math.MaxInt64 || !w.read(sum[:]) {
+			return int(i), w.bad()
+		}
+		alg := SHA256
+		if flags&fileBLAKE3 != 0 {
+			alg = BLAKE3
+		}
+		v = FileView{Name: name, Kind: Shared, Size: int64(size), Alg: alg, Sum: sum[:], Uploaded: flags&fileUploaded != 0}
+		if flags&filePrivate != 0 {
+			v.Kind = Private
+		}
+		// The default key: the content address of a shared file, the
+		// checkpoint's place of a private one.
+		if v.Kind == Shared {
+			defKey = append(defKey[:0], sharedPrefix...)
+			defKey = hex.AppendEncode(defKey, sum[:1])
+			defKey = append(defKey, '/')
+			if alg == BLAKE3 {
+				defKey = append(defKey, blake3Prefix...)
+			}
+			defKey = hex.AppendEncode(defKey, sum[:])
+			defKey = append(defKey, '-')
+			defKey = strconv.AppendInt(defKey, v.Size, 10)
+		} else {
+			defKey = append(append(defKey[:0], privatePrefix...), name...)
+		}
+		switch {
+		case flags&fileInline != 0:
+			if flags&fileKey != 0 || size > MaxManifestBytes {
+				return int(i), w.bad()
+			}
+			inline.Reset()
+			if n, err := io.CopyN(&inline, w.r, int64(size)); err != nil || n != int64(size) {
+				w.fail(err)
+				return int(i), w.bad()
+			}
+			v.Inline = inline.Bytes()
+			if v.Inline == nil {
+				v.Inline = []byte{}
+			}
+		case flags&fileKey != 0:
+			klen, ok := w.uvarint()
+			if !ok || klen > MaxManifestBytes {
+				return int(i), w.bad()
+			}
+			if uint64(cap(key)) < klen {
+				key = make([]byte, klen)
+			}
+			key = key[:klen]
+			if !w.read(key) {
+				return int(i), w.bad()
+			}
+			v.Key = key
+		default:
+			v.Key = defKey
+		}
+		// The checks of Validate, in the same order.
+		if err := ValidFileName(string(name)); err != nil {
+			return int(i), fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+		}
+		if i > 0 && bytes.Compare(name, prev) <= 0 {
+			return int(i), errUnsorted
+		}
+		switch {
+		case v.Kind == Shared:
+			if !isKeyOrFreshBytes(v.Key, defKey) || v.Inline != nil {
+				return int(i), fmt.Errorf("manifest: shared file %q: key %q is not its content address", name, v.Key)
+			}
+		case v.Inline != nil:
+			if err := checkInline(alg, v.Inline, sum[:]); err != nil {
+				return int(i), fmt.Errorf("manifest: private file %q: inline bytes: %w", name, err)
+			}
+		case !isKeyOrFreshBytes(v.Key, defKey):
+			return int(i), fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", name, v.Key)
+		case flags&fileKey != 0:
+			// A default private key repeats its (unique) name; a fresh one
+			// may equal another file's default key.
+			if privateKeys[string(v.Key)] {
+				return int(i), fmt.Errorf("manifest: private file %q: key %q names another file's object too", name, v.Key)
+			}
+			privateKeys[string(v.Key)] = true
+		default:
+			privateKeys[string(v.Key)] = true
+		}
+		w.full += v.Size
+		if w.full < 0 {
+			return int(i), fmt.Errorf("manifest: full size overflows")
+		}
+		if err := fn(&v); err != nil {
+			return int(i), &walkFnError{err}
+		}
+		prev, name = name, prev
+	}
+	// Nothing may follow the table.
+	if _, err := w.r.ReadByte(); err != io.EOF {
+		if err != nil {
+			return int(count), fmt.Errorf("manifest file table: %w", err)
+		}
+		return int(count), errors.New("manifest body: bytes after the file table: the manifest is corrupt")
+	}
+	return int(count), nil
+}
+
+// walkFnError carries an error of Walk's fn through the layers of the walk.
+type walkFnError struct{ err error }
+
+func (e *walkFnError) Error() string { return e.err.Error() }
+func (e *walkFnError) Unwrap() error { return e.err }
+
+// isKeyOrFreshBytes is isKeyOrFresh without strings.
+func isKeyOrFreshBytes(key, want []byte) bool {
+	if bytes.Equal(key, want) {
+		return true
+	}
+	rest, ok := bytes.CutPrefix(key, want)
+	if !ok || len(rest) != 1+freshSuffixLen || rest[0] != '.' {
+		return false
+	}
+	for _, c := range rest[1:] {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkInline checks inline bytes against the raw hash of their file.
+func checkInline(alg Alg, b, sum []byte) error {
+	f := File{}
+	f.SetDigest(digestOf(alg, hex.EncodeToString(sum)))
+	return f.Check(SumBytes(alg, b))
+}
+
+// validateHeader is the part of Validate that is not about files.
+func (m *Manifest) validateHeader() error {
+	if err := ValidName("job", m.Job); err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	if err := ValidName("task", m.Task); err != nil {
+		return fmt.Errorf("manifest: %w", err)
+	}
+	if m.Checkpoint == 0 {
+		return errors.New("manifest: checkpoint number 0")
+	}
+	if m.Tasks != nil {
+		if err := CheckTasks(m.Task, m.Tasks); err != nil {
+			return fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+		}
+		if !sortedStrings(m.Tasks) {
+			return fmt.Errorf("manifest of %s checkpoint %d: tasks list is not sorted", m.Task, m.Checkpoint)
+		}
+	}
+	return nil
+}
+
+func sortedStrings(s []string) bool {
+	for i := 1; i < len(s); i++ {
+		if s[i] < s[i-1] {
+			return false
+		}
+	}
+	return true
+}
+
+// WalkRef is LoadRef with Walk: it reads the manifest ref names and hands
+// its files to fn one at a time (see Walk), returning the manifest without
+// its files and their number. Its errors are LoadRef's (an unusable
+// manifest is an *UnreadableError), and fn's as fn returned them.
+func WalkRef(ctx context.Context, s storage.Store, job string, ref Ref, fn func(*FileView) error) (*Manifest, int, error) {
+	data, key, err := readRef(ctx, s, job, ref)
+	if err != nil {
+		return nil, 0, err
+	}
+	return walkStored(data, key, job, ref, fn)
+}
+
+// readRef reads the manifest ref names as stored, and its key.
+func readRef(ctx context.Context, s storage.Store, job string, ref Ref) ([]byte, string, error) {
+	key := ref.Key
+	if key == "" {
+		key = ManifestKeyOf(job, ref.Task, ref.Checkpoint, ref.Epoch)
+	}
+	rc, err := s.Get(ctx, key)
+	if err != nil {
+		return nil, key, fmt.Errorf("read manifest of %s checkpoint %d: %w", ref.Task, ref.Checkpoint, err)
+	}
+	data, err := readSized(rc, ref.ManifestSize, MaxManifestBytes+1)
+	rc.Close()
+	if err != nil {
+		return nil, key, fmt.Errorf("read manifest of %s checkpoint %d: %w", ref.Task, ref.Checkpoint, err)
+	}
+	return data, key, nil
+}
+
+// walkStored walks data, the manifest stored at key for ref, with
+// WalkRef's errors.
+func walkStored(data []byte, key, job string, ref Ref, fn func(*FileView) error) (*Manifest, int, error) {
+	// fn sees no file of a manifest stored in the wrong place.
+	place := func(m *Manifest) error {
+		if m.Job != job || m.Task != ref.Task || m.Checkpoint != ref.Checkpoint || m.Epoch != ref.Epoch {
+			return fmt.Errorf("names job %q task %q checkpoint %d epoch %d, not where it is stored", m.Job, m.Task, m.Checkpoint, m.Epoch)
+		}
+		return nil
+	}
+	m, count, err := walk(data, place, fn)
+	var fe *walkFnError
+	switch {
+	case errors.As(err, &fe):
+		return nil, 0, fe.err
+	case err != nil:
+		return nil, 0, &UnreadableError{Key: key, Err: err}
+	}
+	return m, count, nil
+}
