@@ -196,13 +196,15 @@ func tamperedFormat2(t *testing.T, base func() *Manifest) map[string][]byte {
 		"a dot-dot name":                       edited(func(m *Manifest) { fileOf(m, "000005.sst").Name = ".." }),
 		"a name with a separator":              edited(func(m *Manifest) { fileOf(m, "000009.sst").Name = "a/b" }),
 		"a duplicate name":                     edited(func(m *Manifest) { fileOf(m, "000009.sst").Name = "CURRENT" }),
-		"a blake3 file under a sha256 key":     edited(func(m *Manifest) { fileOf(m, "000009.sst").Key = SharedKey("job", sha([]byte("x")), fileOf(m, "000009.sst").Size) }),
-		"a key outside the job":                edited(func(m *Manifest) { fileOf(m, "000009.sst").Key = "other/shared/aa/x" }),
-		"inline bytes of another hash":         edited(func(m *Manifest) { fileOf(m, "OPTIONS-000003").Inline = []byte("OPT") }),
-		"a wrong full size":                    edited(func(m *Manifest) { m.FullSize++ }),
-		"a bad task name":                      edited(func(m *Manifest) { m.Task = "../t" }),
-		"files in the header":                  reseal2(join2(bytes.Replace(header, []byte(`"files":null`), []byte(`"files":[]`), 1), table)),
-		"an unknown header field":              reseal2(join2(bytes.Replace(header, []byte(`{`), []byte(`{"surprise":1,`), 1), table)),
+		"a blake3 file under a sha256 key": edited(func(m *Manifest) {
+			fileOf(m, "000009.sst").Key = SharedKey("job", sha([]byte("x")), fileOf(m, "000009.sst").Size)
+		}),
+		"a key outside the job":        edited(func(m *Manifest) { fileOf(m, "000009.sst").Key = "other/shared/aa/x" }),
+		"inline bytes of another hash": edited(func(m *Manifest) { fileOf(m, "OPTIONS-000003").Inline = []byte("OPT") }),
+		"a wrong full size":            edited(func(m *Manifest) { m.FullSize++ }),
+		"a bad task name":              edited(func(m *Manifest) { m.Task = "../t" }),
+		"files in the header":          reseal2(join2(bytes.Replace(header, []byte(`"files":null`), []byte(`"files":[]`), 1), table)),
+		"an unknown header field":      reseal2(join2(bytes.Replace(header, []byte(`{`), []byte(`{"surprise":1,`), 1), table)),
 	}
 	return cases
 }
