@@ -248,7 +248,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	// The live set: objects of retained manifests and of recent retirements,
 	// all listed after storage's clock was read (start). Manifests are read
 	// one at a time; only the hashes of their keys are kept.
-	live := newKeySet()
+	live := newLiveSet()
 	var expired []Ref
 	for _, r := range cat.Refs {
 		if r.Retired && start.Sub(r.RetiredAt) >= opts.Grace {
@@ -267,7 +267,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		// deleted, so the extra keys cannot matter.
 		_, _, err := WalkRef(ctx, s, job, r, func(f *FileView) error {
 			if len(f.Key) > 0 {
-				live.addBytes(f.Key)
+				live.add(f.Key)
 			}
 			return nil
 		})
