@@ -60,11 +60,11 @@ func TestQuickRunReportsEveryFigureAndVerifiesRestores(t *testing.T) {
 			}
 		}
 		ob := sc.Objects[0]
-		if len(ob.Commands) != 4 || ob.Agent == nil || ob.Agent.PeakRSSBytes <= 0 {
+		if len(ob.Commands) != 4 || ob.Agent == nil || ob.Agent.PeakRSSBytes <= 0 || ob.Agent.PeakAnonBytes <= 0 {
 			t.Errorf("scale job of %d objects: %+v", ob.Objects, ob)
 		}
 		for _, c := range ob.Commands {
-			if c.RequestsTotal <= 0 || c.MaxRSSBytes <= 0 {
+			if c.RequestsTotal <= 0 || c.MaxRSSBytes <= 0 || c.MaxAnonBytes <= 0 {
 				t.Errorf("scale: ckpt %s: %d requests, max RSS %d", c.Name, c.RequestsTotal, c.MaxRSSBytes)
 			}
 		}

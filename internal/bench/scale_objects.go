@@ -67,8 +67,11 @@ type ScaleAgent struct {
 	// SweepMS is the time from the last checkpoint's completion to the end
 	// of the agent's GC sweep (0 when the sweep was not seen).
 	SweepMS float64 `json:"sweep_ms"`
-	// PeakRSSBytes is the agent's RSS high-water mark (VmHWM) at the end.
-	PeakRSSBytes int64 `json:"peak_rss_bytes"`
+	// PeakRSSBytes is the agent's RSS high-water mark (VmHWM) at the end;
+	// PeakAnonBytes the highest RssAnon read every 20 ms from its start (its
+	// own memory, without the pages of the binary: see rssPeaks).
+	PeakRSSBytes  int64 `json:"peak_rss_bytes"`
+	PeakAnonBytes int64 `json:"peak_anon_bytes"`
 }
 
 // ScaleCommand is one ckpt command run against a scale job.
@@ -84,6 +87,10 @@ type ScaleCommand struct {
 	// MaxRSSBytes is the process's peak RSS (VmHWM, read every 20 ms: a
 	// peak in the last 20 ms of its life can be missed).
 	MaxRSSBytes int64 `json:"max_rss_bytes"`
+	// MaxAnonBytes is the highest RssAnon seen in those reads: the
+	// process's own memory, without the pages of the ckpt binary it maps
+	// from the page cache (see rssPeaks).
+	MaxAnonBytes int64 `json:"max_anon_bytes"`
 	// Result is the command's --json output.
 	Result json.RawMessage `json:"result"`
 }
@@ -168,7 +175,7 @@ func (r *run) scaleObjects(ctx context.Context, n int) (*ScaleObjects, error) {
 			return nil, err
 		}
 		fig.Commands = append(fig.Commands, *cmd)
-		r.logf("scale: %d objects: ckpt %s: %.1f s, %d requests %v, max RSS %.1f MiB", n, c.name, cmd.MS/1000, cmd.RequestsTotal, cmd.Requests, float64(cmd.MaxRSSBytes)/(1<<20))
+		r.logf("scale: %d objects: ckpt %s: %.1f s, %d requests %v, max RSS %.1f MiB (anon %.1f MiB)", n, c.name, cmd.MS/1000, cmd.RequestsTotal, cmd.Requests, float64(cmd.MaxRSSBytes)/(1<<20), float64(cmd.MaxAnonBytes)/(1<<20))
 	}
 	if err := checkScaleResults(fig); err != nil {
 		return nil, err
@@ -176,7 +183,7 @@ func (r *run) scaleObjects(ctx context.Context, n int) (*ScaleObjects, error) {
 	if fig.Agent, err = r.scaleAgent(ctx, st, n, job); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
-	r.logf("scale: %d objects: agent checkpoints %v ms, GC sweep %.1f s, peak RSS %.1f MiB", n, fig.Agent.CheckpointMS, fig.Agent.SweepMS/1000, float64(fig.Agent.PeakRSSBytes)/(1<<20))
+	r.logf("scale: %d objects: agent checkpoints %v ms, GC sweep %.1f s, peak RSS %.1f MiB (anon %.1f MiB)", n, fig.Agent.CheckpointMS, fig.Agent.SweepMS/1000, float64(fig.Agent.PeakRSSBytes)/(1<<20), float64(fig.Agent.PeakAnonBytes)/(1<<20))
 	return fig, nil
 }
 
@@ -191,6 +198,8 @@ func (r *run) scaleAgent(ctx context.Context, st storage.Store, n int, job strin
 		return nil, err
 	}
 	defer sc.stop()
+	peaks := rssPeaks(sc.pid)
+	defer func() { peaks() }()
 	if r.jobName(fmt.Sprintf("objects-%d", n)) != job {
 		return nil, fmt.Errorf("the agent's job is not %s", job)
 	}
@@ -259,9 +268,8 @@ func (r *run) scaleAgent(ctx context.Context, st storage.Store, n int, job strin
 	if seen {
 		fig.SweepMS = ms(time.Since(done))
 	}
-	var err2 error
-	if fig.PeakRSSBytes, err2 = procStatus(sc.pid, "VmHWM"); err2 != nil {
-		return nil, err2
+	if fig.PeakRSSBytes, fig.PeakAnonBytes = peaks(); fig.PeakRSSBytes == 0 {
+		return nil, fmt.Errorf("the agent's memory could not be read from /proc")
 	}
 	return fig, nil
 }
@@ -324,31 +332,16 @@ func (r *run) runCounted(ctx context.Context, px *countingProxy, name string, ar
 	// Not getrusage's maxrss: Linux carries the high-water mark of the
 	// address space a child is exec'd from (Go starts children with
 	// CLONE_VM, so the bench's own) into the child's maxrss.
-	var hwm atomic.Int64
-	exited := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			if v, err := procStatus(cmd.Process.Pid, "VmHWM"); err == nil {
-				hwm.Store(max(hwm.Load(), v))
-			}
-			select {
-			case <-exited:
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	})
+	stop := rssPeaks(cmd.Process.Pid)
 	err = cmd.Wait()
 	d := time.Since(t0)
-	close(exited)
-	wg.Wait()
+	hwm, anon := stop()
 	if err != nil {
 		return nil, fmt.Errorf("ckpt %s: %v: %s", name, err, strings.TrimSpace(stderr.String()))
 	}
 	c := &ScaleCommand{Name: name, Args: args, MS: ms(d), Result: json.RawMessage(bytes.TrimSpace(stdout.Bytes()))}
 	c.Requests, c.RequestsTotal = px.counts()
-	c.MaxRSSBytes = hwm.Load()
+	c.MaxRSSBytes, c.MaxAnonBytes = hwm, anon
 	return c, nil
 }
 
