@@ -261,11 +261,11 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		} else {
 			rep.RetainedCheckpoints++
 		}
-		// Walk streams the file table: memory holds the manifest as
-		// stored, not its decoded files. A manifest that fails its checks
-		// after some keys were added stops the collection: nothing is
-		// deleted, so the extra keys cannot matter.
-		_, _, err := WalkRef(ctx, s, job, r, func(f *FileView) error {
+		// Streamed as it arrives: memory holds neither the manifest nor
+		// its decoded files. A manifest that fails its checks after some
+		// keys were added stops the collection: nothing is deleted, so
+		// the extra keys cannot matter (see streamWalkRef).
+		err := streamWalkRef(ctx, s, job, r, func(f *FileView) error {
 			if len(f.Key) > 0 {
 				live.add(f.Key)
 			}

@@ -71,7 +71,7 @@ func walk(data []byte, check func(*Manifest) error, fn func(*FileView) error) (*
 		return nil, 0, errors.New("manifest checksum mismatch: the manifest is corrupt or was tampered with")
 	}
 	if format == Format2 {
-		m, n, err := walkBody2(body, check, fn)
+		m, n, err := walkBody2(body, ok, check, fn)
 		if !errors.Is(err, errUnsorted) {
 			return m, n, err
 		}
@@ -184,21 +184,29 @@ func splitEnvelope(data []byte) (format int, sum string, body []byte, ok bool) {
 	return format, string(sumb), body, true
 }
 
-func allBase64(b []byte) bool {
-	for _, c := range b {
-		if !(c >= 'A' && c <= 'Z' || c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '+' || c == '/' || c == '=') {
-			return false
-		}
+// base64Chars marks the bytes of standard base64 and its padding.
+var base64Chars = func() (t [256]bool) {
+	for _, c := range []byte("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=") {
+		t[c] = true
 	}
-	return true
+	return t
+}()
+
+func allBase64(b []byte) bool {
+	ok := true
+	for _, c := range b {
+		ok = ok && base64Chars[c]
+	}
+	return ok
 }
 
-// walkBody2 is decodeBody2 and Validate, a file at a time. It returns
+// walkBody2 is decodeBody2 and Validate, a file at a time (canonical: body
+// is a JSON string of base64 characters, as splitEnvelope checked). It returns
 // errUnsorted, with the number of files handed over, at the first name
 // not after the one before it.
-func walkBody2(body []byte, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
+func walkBody2(body []byte, canonical bool, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
 	var b64 []byte
-	if len(body) >= 2 && body[0] == '"' && body[len(body)-1] == '"' && allBase64(body[1:len(body)-1]) {
+	if canonical || len(body) >= 2 && body[0] == '"' && body[len(body)-1] == '"' && allBase64(body[1:len(body)-1]) {
 		b64 = body[1 : len(body)-1]
 	} else {
 		var s string
@@ -207,22 +215,30 @@ func walkBody2(body []byte, check func(*Manifest) error, fn func(*FileView) erro
 		}
 		b64 = []byte(s)
 	}
-	raw := &drainingReader{r: base64.NewDecoder(base64.StdEncoding, bytes.NewReader(b64))}
+	return walkBase64(bytes.NewReader(b64), check, fn)
+}
+
+// walkBase64 walks format 2's body from r, its base64 text.
+func walkBase64(r io.Reader, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
+	raw := &drainingReader{r: base64.NewDecoder(base64.StdEncoding, r)}
 	br := bufio.NewReaderSize(raw, 32<<10)
 	hlen, err := binary.ReadUvarint(br)
-	if err != nil || hlen > uint64(len(b64)) {
+	var hbuf bytes.Buffer
+	if err == nil && hlen <= MaxManifestBytes {
+		// Grown as the bytes arrive: a corrupt length allocates nothing.
+		var n int64
+		n, err = io.CopyN(&hbuf, br, int64(hlen))
+		if err == nil && n != int64(hlen) {
+			err = io.ErrUnexpectedEOF
+		}
+	}
+	if err != nil || hlen > MaxManifestBytes {
 		if raw.err != nil {
 			return nil, 0, fmt.Errorf("manifest body: %w", raw.err)
 		}
 		return nil, 0, errors.New("manifest body: bad header length: the manifest is corrupt")
 	}
-	header := make([]byte, hlen)
-	if _, err := io.ReadFull(br, header); err != nil {
-		if raw.err != nil {
-			return nil, 0, fmt.Errorf("manifest body: %w", raw.err)
-		}
-		return nil, 0, errors.New("manifest body: bad header length: the manifest is corrupt")
-	}
+	header := hbuf.Bytes()
 	var m Manifest
 	dec := json.NewDecoder(bytes.NewReader(header))
 	dec.DisallowUnknownFields()
@@ -569,14 +585,7 @@ func readRef(ctx context.Context, s storage.Store, job string, ref Ref) ([]byte,
 // walkStored walks data, the manifest stored at key for ref, with
 // WalkRef's errors.
 func walkStored(data []byte, key, job string, ref Ref, fn func(*FileView) error) (*Manifest, int, error) {
-	// fn sees no file of a manifest stored in the wrong place.
-	place := func(m *Manifest) error {
-		if m.Job != job || m.Task != ref.Task || m.Checkpoint != ref.Checkpoint || m.Epoch != ref.Epoch {
-			return fmt.Errorf("names job %q task %q checkpoint %d epoch %d, not where it is stored", m.Job, m.Task, m.Checkpoint, m.Epoch)
-		}
-		return nil
-	}
-	m, count, err := walk(data, place, fn)
+	m, count, err := walk(data, placeCheck(job, ref), fn)
 	var fe *walkFnError
 	switch {
 	case errors.As(err, &fe):
@@ -585,4 +594,15 @@ func walkStored(data []byte, key, job string, ref Ref, fn func(*FileView) error)
 		return nil, 0, &UnreadableError{Key: key, Err: err}
 	}
 	return m, count, nil
+}
+
+// placeCheck fails for a manifest stored where another belongs: fn sees
+// no file of it.
+func placeCheck(job string, ref Ref) func(*Manifest) error {
+	return func(m *Manifest) error {
+		if m.Job != job || m.Task != ref.Task || m.Checkpoint != ref.Checkpoint || m.Epoch != ref.Epoch {
+			return fmt.Errorf("names job %q task %q checkpoint %d epoch %d, not where it is stored", m.Job, m.Task, m.Checkpoint, m.Epoch)
+		}
+		return nil
+	}
 }

@@ -125,7 +125,7 @@ func TestWalkStreamsASortedTable(t *testing.T) {
 		t.Fatal("Encode's envelope is not the one splitEnvelope reads")
 	}
 	seen := 0
-	if _, _, err := walkBody2(body, func(*Manifest) error { return nil }, func(*FileView) error { seen++; return nil }); err != nil || seen != len(m.Files) {
+	if _, _, err := walkBody2(body, true, func(*Manifest) error { return nil }, func(*FileView) error { seen++; return nil }); err != nil || seen != len(m.Files) {
 		t.Fatalf("the streaming path: %v, %d of %d files", err, seen, len(m.Files))
 	}
 
@@ -240,5 +240,68 @@ func FuzzWalkMatchesDecode(f *testing.F) {
 		w.Write(table)
 		w.Close()
 		walkMatchesDecode(t, reseal2(join2(h, b.Bytes())))
+	})
+}
+
+// TestStreamWalkRefSeesWhatWalkRefSees: GC's streamed walk accepts the
+// manifests WalkRef accepts, whatever their spelling, with the same keys,
+// and refuses those it refuses (tampered, truncated, misplaced).
+func TestStreamWalkRefSeesWhatWalkRefSees(t *testing.T) {
+	ctx := context.Background()
+	s := newFileStore(t)
+	rapid.Check(t, func(t *rapid.T) {
+		m := drawManifest(t)
+		if rapid.Bool().Draw(t, "sorted") {
+			sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+		}
+		enc, err := m.Encode(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ref := RefOf(m)
+		switch rapid.IntRange(0, 7).Draw(t, "spelling") {
+		case 1: // valid JSON, not Encode's spelling
+			enc = bytes.Replace(enc, []byte(`"body":`), []byte(`"body" : `), 1)
+		case 2:
+			enc = append(enc, " \n"...)
+		case 3:
+			enc = bytes.Replace(enc, []byte("/"), []byte(`\/`), 1)
+		case 4: // corrupt
+			enc[rapid.IntRange(0, len(enc)-1).Draw(t, "at")] ^= byte(rapid.IntRange(1, 255).Draw(t, "bits"))
+		case 5:
+			enc = enc[:rapid.IntRange(0, len(enc)-1).Draw(t, "cut")]
+		case 6:
+			enc = append(enc, `{}`...)
+		case 7: // stored under another checkpoint
+			ref.Checkpoint++
+			ref.Key = ManifestKeyOf(m.Job, m.Task, ref.Checkpoint, ref.Epoch)
+		}
+		if err := s.Put(ctx, ref.Key, bytes.NewReader(enc), int64(len(enc))); err != nil {
+			t.Fatal(err)
+		}
+		defer s.Delete(ctx, ref.Key)
+		keys := func(walk func(fn func(*FileView) error) error) (map[string]bool, error) {
+			got := map[string]bool{}
+			err := walk(func(v *FileView) error {
+				got[string(v.Key)] = true
+				return nil
+			})
+			return got, err
+		}
+		want, werr := keys(func(fn func(*FileView) error) error {
+			_, _, err := WalkRef(ctx, s, m.Job, ref, fn)
+			return err
+		})
+		got, serr := keys(func(fn func(*FileView) error) error { return streamWalkRef(ctx, s, m.Job, ref, fn) })
+		if (werr == nil) != (serr == nil) {
+			t.Fatalf("WalkRef: %v\nstreamWalkRef: %v", werr, serr)
+		}
+		var bad *UnreadableError
+		if werr != nil && errors.As(werr, &bad) != errors.As(serr, &bad) {
+			t.Fatalf("WalkRef: %v\nstreamWalkRef: %v (one unreadable, the other not)", werr, serr)
+		}
+		if werr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("streamed keys %v, want %v", got, want)
+		}
 	})
 }
