@@ -40,5 +40,5 @@ func newLiveSet() *liveSet { return &liveSet{seed: maphash.MakeSeed(), m: map[ui
 
 // add adds a key held as bytes; has asks for one held as a string, which
 // hashes the same (maphash.Bytes and maphash.String agree).
-func (l *liveSet) add(key []byte)       { l.m[maphash.Bytes(l.seed, key)] = struct{}{} }
+func (l *liveSet) add(key []byte)      { l.m[maphash.Bytes(l.seed, key)] = struct{}{} }
 func (l *liveSet) has(key string) bool { _, ok := l.m[maphash.String(l.seed, key)]; return ok }
