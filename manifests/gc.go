@@ -281,20 +281,15 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 
 	// Marks: ripe ones (at least D old by storage's clock) are processed by
 	// the lock holder; the candidates of the others are pending.
-	pending := map[string]bool{}
-	ripeKeys := map[string]bool{}
+	pending, ripeKeys := markedSet{}, markedSet{}
 	var ripe []string
 	for _, m := range marks {
 		if deleting && start.Sub(m.modTime) >= max(delay, m.delay) {
 			ripe = append(ripe, m.key)
-			for k := range m.keys {
-				ripeKeys[k] = true
-			}
+			ripeKeys.join(m.keys)
 			continue
 		}
-		for k := range m.keys {
-			pending[k] = true
-		}
+		pending.join(m.keys)
 	}
 
 	// Manifests of expired retirements go first, then their markers and stray
@@ -339,9 +334,9 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 		switch {
 		case start.Sub(o.ModTime) < opts.Grace:
-		case pending[o.Key]:
+		case pending.has(o.Key):
 			rep.PendingObjects++
-		case ripeKeys[o.Key]:
+		case ripeKeys.has(o.Key):
 			return sw.doom(ctx, o)
 		default:
 			return sw.mark(ctx, o)

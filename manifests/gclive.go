@@ -42,3 +42,29 @@ func newLiveSet() *liveSet { return &liveSet{seed: maphash.MakeSeed(), m: map[ui
 // hashes the same (maphash.Bytes and maphash.String agree).
 func (l *liveSet) add(key []byte)      { l.m[maphash.Bytes(l.seed, key)] = struct{}{} }
 func (l *liveSet) has(key string) bool { _, ok := l.m[maphash.String(l.seed, key)]; return ok }
+
+// markSeeds hash the candidates of GC's marks, the same in every mark a
+// process reads, so that the sets of many marks can be joined.
+var markSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+// markedSet holds the candidates of marks as 128-bit hashes of their keys
+// (16 bytes a key, not the key). A key that is not a member could test as
+// one only if it shared both 64-bit hashes with a member, which at 128
+// bits does not happen in practice: a writer would then store its object
+// under a fresh key (harmless), or GC delete an unreferenced object a mark
+// did not name (its live set is checked first).
+type markedSet map[[2]uint64]struct{}
+
+func markHash(key string) [2]uint64 {
+	return [2]uint64{maphash.String(markSeeds[0], key), maphash.String(markSeeds[1], key)}
+}
+
+func (s markedSet) add(key string)      { s[markHash(key)] = struct{}{} }
+func (s markedSet) has(key string) bool { _, ok := s[markHash(key)]; return ok }
+
+// join adds the members of o to s.
+func (s markedSet) join(o markedSet) {
+	for h := range o {
+		s[h] = struct{}{}
+	}
+}

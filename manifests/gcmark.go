@@ -99,7 +99,7 @@ type storedMark struct {
 	key     string
 	modTime time.Time
 	delay   time.Duration
-	keys    map[string]int64
+	keys    markedSet
 }
 
 // ErrMarked is returned (wrapped) by CommitHeld when the manifest names an
@@ -108,9 +108,37 @@ type storedMark struct {
 var ErrMarked = errors.New("an object the manifest names is marked for deletion by GC")
 
 // markCache keeps parsed marks by key and time: marks are never rewritten.
+// It also keeps the join of the candidates of the marks last read, for
+// writers, rebuilt only when the marks change.
 type markCache struct {
-	mu    sync.Mutex
-	marks map[string]storedMark
+	mu     sync.Mutex
+	marks  map[string]storedMark
+	joined markedSet
+	of     map[string]time.Time // the marks joined, by key and time
+}
+
+// join returns the candidates of marks (the marks read last) as one set.
+// The set is shared: callers must not change it.
+func (c *markCache) join(marks []storedMark) markedSet {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	same := c.joined != nil && len(c.of) == len(marks)
+	for _, m := range marks {
+		if t, ok := c.of[m.key]; !ok || !t.Equal(m.modTime) {
+			same = false
+			break
+		}
+	}
+	if same {
+		return c.joined
+	}
+	j, of := markedSet{}, make(map[string]time.Time, len(marks))
+	for _, m := range marks {
+		j.join(m.keys)
+		of[m.key] = m.modTime
+	}
+	c.joined, c.of = j, of
+	return j
 }
 
 // read lists the marks of job and reads the new ones.
@@ -168,9 +196,9 @@ func readMark(ctx context.Context, s storage.Store, o storage.ObjectInfo) (store
 		return m, nil // unreadable: nothing is deleted for it
 	}
 	m.delay = body.Delay
-	m.keys = make(map[string]int64, len(body.Candidates))
+	m.keys = make(markedSet, len(body.Candidates))
 	for _, c := range body.Candidates {
-		m.keys[c.Key] = c.Size
+		m.keys.add(c.Key)
 	}
 	return m, nil
 }
@@ -317,7 +345,7 @@ func NewGuard(s storage.Store, job string) *Guard {
 type Hold struct {
 	g       *Guard
 	at      time.Time
-	pending map[string]bool
+	pending markedSet
 }
 
 // Check reads the marks. The hold it returns is valid for Delay/2 from
@@ -328,17 +356,11 @@ func (g *Guard) Check(ctx context.Context) (*Hold, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &Hold{g: g, at: at, pending: map[string]bool{}}
-	for _, m := range marks {
-		for k := range m.keys {
-			h.pending[k] = true
-		}
-	}
-	return h, nil
+	return &Hold{g: g, at: at, pending: g.cache.join(marks)}, nil
 }
 
 // Pending reports whether key was marked for deletion when h was taken.
-func (h *Hold) Pending(key string) bool { return h.pending[key] }
+func (h *Hold) Pending(key string) bool { return h.pending.has(key) }
 
 // Expired reports whether more than Delay/2 passed since h was taken: a
 // commit must look at the marks again first.
@@ -348,7 +370,7 @@ func (h *Hold) Expired() bool { return h.g.Now().Sub(h.at) > h.g.Delay/2 }
 func (h *Hold) Conflicts(m *Manifest) []string {
 	var out []string
 	for _, f := range m.Files {
-		if f.Key != "" && h.pending[f.Key] {
+		if f.Key != "" && h.pending.has(f.Key) {
 			out = append(out, f.Key)
 		}
 	}
