@@ -97,8 +97,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/storage"
@@ -326,6 +330,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	// deleteBatch at a time, new garbage is marked markBatch at a time, as
 	// the listing goes, so memory does not grow with the objects listed.
 	sw := &sweep{s: s, job: job, opts: opts, delay: delay, now: now, lockAsked: lockAsked, rep: &rep, complete: true}
+	defer sw.waitDeletes() // on the error paths: no delete outlives GC
 	consider := func(o storage.ObjectInfo) error {
 		if live.has(o.Key) {
 			rep.LiveObjects++
@@ -419,7 +424,16 @@ type sweep struct {
 	fresh    []storage.ObjectInfo
 	// complete is false once the lock's hold ran out with candidates left.
 	complete bool
+	// Deletes run beside the listing, up to deletesInFlight batches at
+	// once: deleting 100,000 objects takes as long as listing a million.
+	// dels is nil until the first batch; delCtx is canceled by a failed one.
+	dels   *errgroup.Group
+	delCtx context.Context
+	mu     sync.Mutex // rep's deletion counts, written by the deletes
 }
+
+// deletesInFlight bounds the batches a sweep deletes at once.
+const deletesInFlight = 4
 
 // doom queues o, a candidate of a ripe mark, for deletion.
 func (w *sweep) doom(ctx context.Context, o storage.ObjectInfo) error {
@@ -431,6 +445,16 @@ func (w *sweep) doom(ctx context.Context, o storage.ObjectInfo) error {
 		return w.deleteDoomed(ctx)
 	}
 	return nil
+}
+
+// waitDeletes waits for the deletes in flight and returns the first error.
+func (w *sweep) waitDeletes() error {
+	if w.dels == nil {
+		return nil
+	}
+	err := w.dels.Wait()
+	w.dels = nil
+	return err
 }
 
 // mark queues o, new garbage, for a mark.
@@ -448,9 +472,13 @@ func (w *sweep) mark(ctx context.Context, o storage.ObjectInfo) error {
 	return nil
 }
 
-// flush deletes and marks what is queued.
+// flush deletes and marks what is queued, and waits for the deletes.
 func (w *sweep) flush(ctx context.Context) error {
 	if err := w.deleteDoomed(ctx); err != nil {
+		w.waitDeletes()
+		return err
+	}
+	if err := w.waitDeletes(); err != nil {
 		return err
 	}
 	return w.writeFresh(ctx)
@@ -460,35 +488,54 @@ func (w *sweep) flush(ctx context.Context) error {
 // re-reading their ages first when they were listed more than a tenth of
 // the grace ago.
 func (w *sweep) deleteDoomed(ctx context.Context) error {
-	batch := w.doomed
-	w.doomed = w.doomed[:0]
-	if len(batch) == 0 {
+	if len(w.doomed) == 0 {
 		return nil
 	}
+	batch := slices.Clone(w.doomed)
+	w.doomed = w.doomed[:0]
 	if !w.opts.DryRun && (!w.complete || time.Since(w.lockAsked) > gcLockHold) {
 		w.complete = false // the next lock holder goes on
 		w.rep.PendingObjects += len(batch)
 		return nil
 	}
-	if w.now().Sub(w.doomedAt) > w.opts.Grace/10 {
-		batch = recheck(ctx, w.s, batch, w.now(), w.opts.Grace)
+	if w.dels == nil {
+		w.dels, w.delCtx = errgroup.WithContext(ctx)
+		w.dels.SetLimit(deletesInFlight)
 	}
-	keys := make([]string, 0, len(batch))
-	var bytes int64
-	for _, o := range batch {
-		keys = append(keys, o.Key)
-		bytes += o.Size
-	}
-	if !w.opts.DryRun && len(keys) > 0 {
-		if err := w.s.Delete(ctx, keys...); err != nil {
-			return &sweepError{fmt.Errorf("gc: delete unreferenced objects: %w", err)}
+	if w.delCtx.Err() != nil { // a batch failed, or ctx is done
+		err := w.waitDeletes()
+		if err == nil {
+			err = &sweepError{ctx.Err()}
 		}
+		return err
 	}
-	w.rep.DeletedBytes += bytes
-	w.rep.DeletedObjects += len(keys)
-	if w.opts.DryRun {
-		w.rep.Deleted = append(w.rep.Deleted, keys...)
-	}
+	recheckAt := w.now()
+	stale := recheckAt.Sub(w.doomedAt) > w.opts.Grace/10
+	w.dels.Go(func() error {
+		ctx := w.delCtx
+		if stale {
+			batch = recheck(ctx, w.s, batch, recheckAt, w.opts.Grace)
+		}
+		keys := make([]string, 0, len(batch))
+		var bytes int64
+		for _, o := range batch {
+			keys = append(keys, o.Key)
+			bytes += o.Size
+		}
+		if !w.opts.DryRun && len(keys) > 0 {
+			if err := w.s.Delete(ctx, keys...); err != nil {
+				return &sweepError{fmt.Errorf("gc: delete unreferenced objects: %w", err)}
+			}
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		w.rep.DeletedBytes += bytes
+		w.rep.DeletedObjects += len(keys)
+		if w.opts.DryRun {
+			w.rep.Deleted = append(w.rep.Deleted, keys...)
+		}
+		return nil
+	})
 	return nil
 }
 

@@ -2,6 +2,7 @@ package manifests
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -16,17 +17,27 @@ import (
 type listingStore struct {
 	storage.Store
 	listing        atomic.Bool
+	holdListing    atomic.Bool // see List
 	deletesInList  atomic.Int64
 	deletesOutside atomic.Int64
 }
 
 func (s *listingStore) List(ctx context.Context, prefix string, fn func(storage.ObjectInfo) error) error {
 	shared := strings.HasSuffix(prefix, "/shared/")
-	if shared {
-		s.listing.Store(true)
-		defer s.listing.Store(false)
+	if !shared {
+		return s.Store.List(ctx, prefix, fn)
 	}
-	return s.Store.List(ctx, prefix, fn)
+	s.listing.Store(true)
+	defer s.listing.Store(false)
+	err := s.Store.List(ctx, prefix, fn)
+	// Deletes run beside the listing: the listing's last page stays "in
+	// flight" until two batches have started (or a few seconds passed), so
+	// that only a sweep that holds its deletes until the listing ends can
+	// have none started during it.
+	for deadline := time.Now().Add(5 * time.Second); s.holdListing.Load() && s.deletesInList.Load() < 2 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	return err
 }
 
 func (s *listingStore) Delete(ctx context.Context, keys ...string) error {
@@ -60,6 +71,7 @@ func TestGCSweepsWhileItLists(t *testing.T) {
 	if err != nil || rep.MarkedObjects != garbage || rep.DeletedObjects != 0 || rep.LiveObjects != 2 {
 		t.Fatalf("first collection: %+v %v", rep, err)
 	}
+	s.holdListing.Store(true)
 	rep, err = GC(ctx, s, "job", opts)
 	if err != nil || rep.DeletedObjects != garbage || rep.LiveObjects != 2 {
 		t.Fatalf("second collection: %+v %v", rep, err)
@@ -88,5 +100,59 @@ func TestReadSizedReadsWhateverTheHintSays(t *testing.T) {
 	got, err := readSized(strings.NewReader(body), int64(len(body)), 100)
 	if err != nil || len(got) != 100 {
 		t.Errorf("limit 100: %d bytes, %v", len(got), err)
+	}
+}
+
+// failingDeletes fails every delete of shared objects after the first ok.
+type failingDeletes struct {
+	storage.Store
+	ok atomic.Int64
+}
+
+func (s *failingDeletes) Delete(ctx context.Context, keys ...string) error {
+	if len(keys) > 0 && strings.Contains(keys[0], "/shared/") && s.ok.Add(-1) < 0 {
+		return errors.New("injected delete failure")
+	}
+	return s.Store.Delete(ctx, keys...)
+}
+
+// TestGCStopsOnAFailedDeleteAndKeepsItsMarks: a batch whose delete fails
+// (deletes run beside the listing) fails the collection, which leaves the
+// marks in place, so that the next collection deletes what is left.
+func TestGCStopsOnAFailedDeleteAndKeepsItsMarks(t *testing.T) {
+	ctx := context.Background()
+	base := newStore(t)
+	s := &failingDeletes{Store: base}
+	commit(t, s, "t", 1, "live one")
+	defer func(n int) { deleteBatch = n }(deleteBatch)
+	deleteBatch = 10
+	garbage := 5*deleteBatch + 5
+	for i := range garbage {
+		b := []byte(fmt.Sprintf("orphan %d", i))
+		put(t, s, SharedKey("job", sha(b), int64(len(b))), b)
+	}
+	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
+	opts := GCOptions{Grace: time.Hour, Now: later, MarkDelay: time.Nanosecond}
+	if rep, err := GC(ctx, s, "job", opts); err != nil || rep.MarkedObjects != garbage {
+		t.Fatalf("first collection: %+v %v", rep, err)
+	}
+	s.ok.Store(2)
+	if _, err := GC(ctx, s, "job", opts); err == nil || !strings.Contains(err.Error(), "injected delete failure") {
+		t.Fatalf("a failed delete: %v", err)
+	}
+	marks := 0
+	base.List(ctx, marksPrefix("job"), func(storage.ObjectInfo) error { marks++; return nil })
+	if marks == 0 {
+		t.Fatal("the marks went with a collection that did not delete every candidate")
+	}
+	s.ok.Store(1 << 30)
+	rep, err := GC(ctx, s, "job", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	left := 0
+	base.List(ctx, SharedPrefix("job"), func(storage.ObjectInfo) error { left++; return nil })
+	if left != 1 {
+		t.Fatalf("%d shared objects left after the next collection (%+v), want the live one", left, rep)
 	}
 }
