@@ -372,11 +372,14 @@ func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
 		v           FileView
 	)
 	for i := uint64(0); i < count; i++ {
-		var fl [1]byte
-		if !w.read(fl[:]) || fl[0]&^fileKnown != 0 {
+		flags, err := w.r.ReadByte()
+		if err != nil {
+			w.fail(err)
 			return int(i), w.bad()
 		}
-		flags := fl[0]
+		if flags&^fileKnown != 0 {
+			return int(i), w.bad()
+		}
 		common, ok1 := w.uvarint()
 		restLen, ok2 := w.uvarint()
 		if !ok1 || !ok2 || common > uint64(len(prev)) || restLen > maxNameLen || common+restLen > maxNameLen {
@@ -445,8 +448,8 @@ func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
 			v.Key = defKey
 		}
 		// The checks of Validate, in the same order.
-		if err := ValidFileName(string(name)); err != nil {
-			return int(i), fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+		if !validFileNameBytes(name) {
+			return int(i), fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, ValidFileName(string(name)))
 		}
 		if i > 0 && bytes.Compare(name, prev) <= 0 {
 			return int(i), errUnsorted
@@ -489,6 +492,13 @@ func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
 		return int(count), errors.New("manifest body: bytes after the file table: the manifest is corrupt")
 	}
 	return int(count), nil
+}
+
+// validFileNameBytes is ValidFileName of a name held as bytes, without an
+// allocation.
+func validFileNameBytes(name []byte) bool {
+	return len(name) > 0 && len(name) <= 255 && !(len(name) == 1 && name[0] == '.') && !(len(name) == 2 && name[0] == '.' && name[1] == '.') &&
+		bytes.IndexAny(name, "/\\\x00") < 0
 }
 
 // walkFnError carries an error of Walk's fn through the layers of the walk.
