@@ -273,6 +273,10 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 		return nil, err
 	}
 	r.root = root
+	// On every return, the agents and the store stop before the scratch
+	// directory goes: an interrupted run must not remove the files of a
+	// store that is still compacting.
+	defer r.closeStore()
 
 	if o.Storage == "" {
 		r.logf("starting versitygw")
