@@ -15,7 +15,6 @@ import (
 	"errors"
 	"fmt"
 	"github.com/ckpt-io/ckpt/internal/names"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -254,22 +253,8 @@ func validSHA(s string) bool {
 // A key may carry a FreshKey suffix: the writer stored those bytes under a
 // new key because the usual one was marked for deletion (see GC).
 func (m *Manifest) Validate() error {
-	if err := ValidName("job", m.Job); err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	if err := ValidName("task", m.Task); err != nil {
-		return fmt.Errorf("manifest: %w", err)
-	}
-	if m.Checkpoint == 0 {
-		return errors.New("manifest: checkpoint number 0")
-	}
-	if m.Tasks != nil {
-		if err := CheckTasks(m.Task, m.Tasks); err != nil {
-			return fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
-		}
-		if !slices.IsSorted(m.Tasks) {
-			return fmt.Errorf("manifest of %s checkpoint %d: tasks list is not sorted", m.Task, m.Checkpoint)
-		}
+	if err := m.validateHeader(); err != nil {
+		return err
 	}
 	seen := make(map[string]bool, len(m.Files))
 	privateKeys := map[string]bool{}
@@ -282,39 +267,49 @@ func (m *Manifest) Validate() error {
 			return fmt.Errorf("manifest of %s checkpoint %d: file %q listed twice", m.Task, m.Checkpoint, f.Name)
 		}
 		seen[f.Name] = true
-		if f.Size < 0 || (f.SHA256 != "" && f.BLAKE3 != "") || !ValidDigest(f.Digest()) {
-			return fmt.Errorf("manifest: file %q: bad size or hash", f.Name)
-		}
-		if f.BLAKE3 != "" && m.Format == Format1 {
-			return fmt.Errorf("manifest: file %q: a format 1 manifest holds sha256 ids only", f.Name)
-		}
-		switch f.Kind {
-		case Shared:
-			if !isKeyOrFresh(f.Key, SharedKey(m.Job, f.Digest(), f.Size)) || f.Inline != nil {
-				return fmt.Errorf("manifest: shared file %q: key %q is not its content address", f.Name, f.Key)
-			}
-		case Private:
-			if f.Inline != nil {
-				if f.Key != "" || int64(len(f.Inline)) != f.Size {
-					return fmt.Errorf("manifest: private file %q: inline bytes do not match its size", f.Name)
-				}
-				if err := f.Check(SumBytes(f.Alg(), f.Inline)); err != nil {
-					return fmt.Errorf("manifest: private file %q: inline bytes: %w", f.Name, err)
-				}
-			} else if !isKeyOrFresh(f.Key, PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, f.Name)) {
-				return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", f.Name, f.Key)
-			} else if privateKeys[f.Key] {
-				return fmt.Errorf("manifest: private file %q: key %q names another file's object too", f.Name, f.Key)
-			} else {
-				privateKeys[f.Key] = true
-			}
-		default:
-			return fmt.Errorf("manifest: file %q: unknown kind %q", f.Name, f.Kind)
+		if err := m.checkFile(f, privateKeys); err != nil {
+			return err
 		}
 		full += f.Size
 	}
 	if full != m.FullSize {
 		return fmt.Errorf("manifest: full size %d does not equal the sum of its files %d", m.FullSize, full)
+	}
+	return nil
+}
+
+// checkFile is Validate's check of one file of m, but for its name (a
+// plain path element, not listed twice), which the caller checks.
+// privateKeys holds the keys of the private objects seen so far.
+func (m *Manifest) checkFile(f File, privateKeys map[string]bool) error {
+	if f.Size < 0 || (f.SHA256 != "" && f.BLAKE3 != "") || !ValidDigest(f.Digest()) {
+		return fmt.Errorf("manifest: file %q: bad size or hash", f.Name)
+	}
+	if f.BLAKE3 != "" && m.Format == Format1 {
+		return fmt.Errorf("manifest: file %q: a format 1 manifest holds sha256 ids only", f.Name)
+	}
+	switch f.Kind {
+	case Shared:
+		if !isKeyOrFresh(f.Key, SharedKey(m.Job, f.Digest(), f.Size)) || f.Inline != nil {
+			return fmt.Errorf("manifest: shared file %q: key %q is not its content address", f.Name, f.Key)
+		}
+	case Private:
+		if f.Inline != nil {
+			if f.Key != "" || int64(len(f.Inline)) != f.Size {
+				return fmt.Errorf("manifest: private file %q: inline bytes do not match its size", f.Name)
+			}
+			if err := f.Check(SumBytes(f.Alg(), f.Inline)); err != nil {
+				return fmt.Errorf("manifest: private file %q: inline bytes: %w", f.Name, err)
+			}
+		} else if !isKeyOrFresh(f.Key, PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, f.Name)) {
+			return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", f.Name, f.Key)
+		} else if privateKeys[f.Key] {
+			return fmt.Errorf("manifest: private file %q: key %q names another file's object too", f.Name, f.Key)
+		} else {
+			privateKeys[f.Key] = true
+		}
+	default:
+		return fmt.Errorf("manifest: file %q: unknown kind %q", f.Name, f.Kind)
 	}
 	return nil
 }

@@ -14,7 +14,9 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/ckpt-io/ckpt/storage"
 )
@@ -23,10 +25,11 @@ import (
 // GC's live set, a listing's totals, verify, the dedup candidates of other
 // tasks. It checks exactly what Decode checks and hands the files to fn
 // one at a time, in the manifest's order, through a FileView that is valid
-// only during the call. A format 2 manifest whose file names are in order
-// (every writer of ckpt sorts them) is walked as it is inflated: memory
-// holds data and a few KB, not the files, whose decoded form is ten times
-// the size of the manifest. Format 1 manifests and unsorted tables are
+// only during the call. A manifest as ckpt writes it (file names in order,
+// a format 1 body with its fields in Encode's order) is walked file by
+// file, a format 2 table as it is inflated, a format 1 body token by
+// token: memory holds data and one file, not the files, whose decoded form
+// is ten times the size of a format 2 manifest. Any other manifest is
 // decoded whole (Decode) and then walked.
 //
 // Walk returns the manifest with Files nil, and the number of files. The
@@ -55,7 +58,7 @@ func walk(data []byte, check func(*Manifest) error, fn func(*FileView) error) (*
 	if len(data) > MaxManifestBytes {
 		return nil, 0, fmt.Errorf("manifest of %d bytes exceeds the %d byte limit", len(data), MaxManifestBytes)
 	}
-	format, sum, body, ok := splitEnvelope(data)
+	format, sum, body, b64, ok := splitEnvelope(data)
 	if !ok {
 		var env envelope
 		if err := json.Unmarshal(data, &env); err != nil {
@@ -71,15 +74,149 @@ func walk(data []byte, check func(*Manifest) error, fn func(*FileView) error) (*
 		return nil, 0, errors.New("manifest checksum mismatch: the manifest is corrupt or was tampered with")
 	}
 	if format == Format2 {
-		m, n, err := walkBody2(body, ok, check, fn)
+		m, n, err := walkBody2(body, b64, check, fn)
 		if !errors.Is(err, errUnsorted) {
 			return m, n, err
 		}
 		// Names out of order: Decode checks them with a set; the files
 		// before n were handed over already and are the same.
-		return walkDecoded(data, n, nil, fn)
+		return walkDecoded(data, n, check, fn)
 	}
-	return walkDecoded(data, 0, check, fn)
+	m, n, err := walkBody1(body, check, fn)
+	if !errors.Is(err, errUnsorted) {
+		return m, n, err
+	}
+	// Not as Encode writes it, or out of order: decoded whole; the header
+	// is checked again, as it may differ from the part seen before the
+	// files.
+	return walkDecoded(data, n, check, fn)
+}
+
+// walkBody1 is decodeBody1 and Validate, a file at a time: the JSON body
+// is read token by token and its files one by one, so memory holds data
+// and one file. It needs the fields the files are checked against (job,
+// task, checkpoint, epoch) before "files", where Encode writes them, and
+// names in order; it returns errUnsorted, with the number of files handed
+// over, when a body is not like that, and the caller decodes it whole.
+func walkBody1(body []byte, check func(*Manifest) error, fn func(*FileView) error) (*Manifest, int, error) {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	bad := func(err error) (*Manifest, int, error) {
+		return nil, 0, fmt.Errorf("manifest body: %w", err)
+	}
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		// Let Decode word the error.
+		return nil, 0, errUnsorted
+	}
+	fields := map[string]json.RawMessage{}
+	var m Manifest
+	n := 0
+	var full int64
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return bad(err)
+		}
+		key, _ := t.(string)
+		for k := range fields {
+			if strings.EqualFold(k, key) {
+				return nil, n, errUnsorted // the same field twice: as Decode does it
+			}
+		}
+		if !strings.EqualFold(key, "files") {
+			var v json.RawMessage
+			if err := dec.Decode(&v); err != nil {
+				return bad(err)
+			}
+			fields[key] = v
+			continue
+		}
+		if key != "files" {
+			return nil, n, errUnsorted
+		}
+		fields[key] = nil
+		// The header so far: the files are checked against it.
+		if err := unmarshalHeader(fields, &m); err != nil {
+			return nil, n, errUnsorted
+		}
+		m.Format = Format1
+		if err := m.validateHeader(); err != nil {
+			return nil, n, errUnsorted
+		}
+		if err := check(&m); err != nil {
+			return nil, 0, err
+		}
+		if t, err := dec.Token(); err != nil || t != json.Delim('[') {
+			return nil, n, errUnsorted // null, or not an array
+		}
+		var prev string
+		privateKeys := map[string]bool{}
+		var v FileView
+		for dec.More() {
+			var f File
+			if err := dec.Decode(&f); err != nil {
+				return bad(err)
+			}
+			// decodeBody1's reading of an empty private file.
+			if f.Kind == Private && f.Key == "" && f.Inline == nil && f.Size == 0 {
+				f.Inline = []byte{}
+			}
+			if err := ValidFileName(f.Name); err != nil {
+				return nil, n, fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
+			}
+			if n > 0 && f.Name <= prev {
+				return nil, n, errUnsorted
+			}
+			if err := m.checkFile(f, privateKeys); err != nil {
+				return nil, n, err
+			}
+			full += f.Size
+			v.set(f)
+			if err := fn(&v); err != nil {
+				return nil, n, &walkFnError{err}
+			}
+			prev = f.Name
+			n++
+		}
+		if _, err := dec.Token(); err != nil {
+			return bad(err)
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return bad(err)
+	}
+	// The whole header: what followed the files must not change what they
+	// were checked against.
+	var whole Manifest
+	if err := unmarshalHeader(fields, &whole); err != nil {
+		return nil, n, errUnsorted
+	}
+	whole.Format = Format1
+	if _, ok := fields["files"]; !ok || whole.Job != m.Job || whole.Task != m.Task || whole.Checkpoint != m.Checkpoint || whole.Epoch != m.Epoch {
+		return nil, n, errUnsorted
+	}
+	if full != whole.FullSize {
+		return nil, n, fmt.Errorf("manifest: full size %d does not equal the sum of its files %d", whole.FullSize, full)
+	}
+	return &whole, n, nil
+}
+
+// unmarshalHeader decodes the fields of a format 1 body but its files into
+// m, as decodeBody1 would (unknown fields refused).
+func unmarshalHeader(fields map[string]json.RawMessage, m *Manifest) error {
+	obj := map[string]json.RawMessage{}
+	for k, v := range fields {
+		if k != "files" {
+			obj[k] = v
+		}
+	}
+	raw, err := json.Marshal(obj)
+	if err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	return dec.Decode(m)
 }
 
 // errUnsorted stops walkBody2 at a name not after the one before it.
@@ -145,43 +282,48 @@ func (v *FileView) set(f File) {
 }
 
 // splitEnvelope parses the envelope as Encode writes it,
-// {"format":N,"sha256":"<64>","body":"<base64>"}, without copying the
-// body. ok is false for any other spelling, which json.Unmarshal then
-// parses: the result is the same, this is only cheaper.
-func splitEnvelope(data []byte) (format int, sum string, body []byte, ok bool) {
+// {"format":N,"sha256":"<64>","body":<body>}, without copying the body,
+// when the body is a string of base64 characters (format 2) or a valid
+// JSON object (format 1); b64 says which. ok is false for any other
+// spelling, which json.Unmarshal then parses: the result is the same, this
+// is only cheaper.
+func splitEnvelope(data []byte) (format int, sum string, body []byte, b64, ok bool) {
 	rest, ok := bytes.CutPrefix(data, []byte(`{"format":`))
 	if !ok {
-		return 0, "", nil, false
+		return 0, "", nil, false, false
 	}
 	i := 0
 	for i < len(rest) && i < 3 && rest[i] >= '0' && rest[i] <= '9' {
 		i++
 	}
 	if i == 0 || (i > 1 && rest[0] == '0') {
-		return 0, "", nil, false
+		return 0, "", nil, false, false
 	}
 	format, _ = strconv.Atoi(string(rest[:i]))
 	rest, ok = bytes.CutPrefix(rest[i:], []byte(`,"sha256":"`))
 	if !ok || len(rest) < 64 {
-		return 0, "", nil, false
+		return 0, "", nil, false, false
 	}
 	sumb := rest[:64]
 	for _, c := range sumb {
 		if c < '0' || c > 'f' || (c > '9' && c < 'a') {
-			return 0, "", nil, false
+			return 0, "", nil, false, false
 		}
 	}
-	rest, ok = bytes.CutPrefix(rest[64:], []byte(`","body":"`))
-	if !ok || len(rest) < 2 || rest[len(rest)-2] != '"' || rest[len(rest)-1] != '}' {
-		return 0, "", nil, false
+	rest, ok = bytes.CutPrefix(rest[64:], []byte(`","body":`))
+	if !ok || len(rest) < 3 || rest[len(rest)-1] != '}' {
+		return 0, "", nil, false, false
 	}
-	// The body is a JSON string: here, of base64 characters only (which
-	// JSON neither escapes nor forbids).
-	if !allBase64(rest[:len(rest)-2]) {
-		return 0, "", nil, false
+	body = rest[:len(rest)-1]
+	switch {
+	case body[0] == '"' && body[len(body)-1] == '"' && allBase64(body[1:len(body)-1]):
+		// A JSON string of base64 characters, which JSON neither escapes
+		// nor forbids.
+		return format, string(sumb), body, true, true
+	case body[0] == '{' && json.Valid(body):
+		return format, string(sumb), body, false, true
 	}
-	body = data[len(data)-len(rest)-1 : len(data)-1] // with its quotes
-	return format, string(sumb), body, true
+	return 0, "", nil, false, false
 }
 
 // base64Chars marks the bytes of standard base64 and its padding.
@@ -498,7 +640,7 @@ func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
 // allocation.
 func validFileNameBytes(name []byte) bool {
 	return len(name) > 0 && len(name) <= 255 && !(len(name) == 1 && name[0] == '.') && !(len(name) == 2 && name[0] == '.' && name[1] == '.') &&
-		bytes.IndexAny(name, "/\\\x00") < 0
+		!bytes.ContainsAny(name, "/\\\x00")
 }
 
 // walkFnError carries an error of Walk's fn through the layers of the walk.
@@ -546,20 +688,11 @@ func (m *Manifest) validateHeader() error {
 		if err := CheckTasks(m.Task, m.Tasks); err != nil {
 			return fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, err)
 		}
-		if !sortedStrings(m.Tasks) {
+		if !slices.IsSorted(m.Tasks) {
 			return fmt.Errorf("manifest of %s checkpoint %d: tasks list is not sorted", m.Task, m.Checkpoint)
 		}
 	}
 	return nil
-}
-
-func sortedStrings(s []string) bool {
-	for i := 1; i < len(s); i++ {
-		if s[i] < s[i-1] {
-			return false
-		}
-	}
-	return true
 }
 
 // WalkRef is LoadRef with Walk: it reads the manifest ref names and hands

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"compress/flate"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -120,8 +122,8 @@ func TestWalkStreamsASortedTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	format, _, body, ok := splitEnvelope(enc)
-	if !ok || format != Format2 {
+	format, _, body, b64, ok := splitEnvelope(enc)
+	if !ok || !b64 || format != Format2 {
 		t.Fatal("Encode's envelope is not the one splitEnvelope reads")
 	}
 	seen := 0
@@ -303,5 +305,105 @@ func TestStreamWalkRefSeesWhatWalkRefSees(t *testing.T) {
 		if werr == nil && !reflect.DeepEqual(got, want) {
 			t.Fatalf("streamed keys %v, want %v", got, want)
 		}
+	})
+}
+
+// reseal1 wraps a format 1 body in an envelope with a valid checksum.
+func reseal1(body []byte) []byte {
+	out, _ := json.Marshal(envelope{Format: Format1, SHA256: sha(body), Body: body})
+	return out
+}
+
+// body1 returns the JSON body of m in format 1.
+func body1(t testing.TB, m *Manifest) []byte {
+	m.Format = Format1
+	enc, err := m.Encode(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env envelope
+	if err := json.Unmarshal(enc, &env); err != nil {
+		t.Fatal(err)
+	}
+	return env.Body
+}
+
+// TestWalkStreamsFormat1AsEncodeWritesIt: a format 1 body as Encode
+// writes it, names in order, is walked token by token; bodies spelled
+// otherwise (fields reordered, repeated, in other case) are decoded whole,
+// with Decode's result, and a misplaced one is refused by WalkRef.
+func TestWalkStreamsFormat1AsEncodeWritesIt(t *testing.T) {
+	m := sample()
+	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+	body := body1(t, m)
+	seen := 0
+	if _, n, err := walkBody1(body, func(*Manifest) error { return nil }, func(*FileView) error { seen++; return nil }); err != nil || n != len(m.Files) || seen != n {
+		t.Fatalf("the streaming path: %v, %d files, %d seen", err, n, seen)
+	}
+	respelled := map[string][]byte{
+		"files first":            bytes.Replace(bytes.Replace(body, []byte(`{"job":"job",`), []byte(`{`), 1), []byte(`,"full_size"`), []byte(`,"job":"job","full_size"`), 1),
+		"epoch after the files":  bytes.Replace(body, []byte(`,"full_size"`), []byte(`,"epoch":3,"full_size"`), 1),
+		"a field twice":          bytes.Replace(body, []byte(`,"full_size"`), []byte(`,"task":"other","full_size"`), 1),
+		"a field in other case":  bytes.Replace(body, []byte(`,"full_size"`), []byte(`,"Task":"other","full_size"`), 1),
+		"files in other case":    bytes.Replace(body, []byte(`"files":`), []byte(`"Files":`), 1),
+		"files null":             bytes.Replace(bytes.Replace(body, []byte(`"files":[`), []byte(`"files":null,"x":[`), 1), []byte(`"full_size":71016`), []byte(`"full_size":0`), 1),
+		"a wrong full size":      bytes.Replace(body, []byte(`"full_size":71016`), []byte(`"full_size":71017`), 1),
+		"an unknown file field":  bytes.Replace(body, []byte(`"uploaded":true}`), []byte(`"uploaded":true,"x":1}`), 1),
+		"an unknown field":       bytes.Replace(body, []byte(`{"job"`), []byte(`{"x":1,"job"`), 1),
+		"a file of another type": bytes.Replace(body, []byte(`"size":1000`), []byte(`"size":"1000"`), 1),
+	}
+	if !bytes.Contains(body, []byte(`"full_size":71016`)) {
+		t.Fatalf("the sample's body changed: %s", body)
+	}
+	for name, b := range respelled {
+		t.Run(name, func(t *testing.T) {
+			if bytes.Equal(b, body) {
+				t.Fatal("the edit did not apply")
+			}
+			walkMatchesDecode(t, reseal1(b))
+		})
+	}
+	// Encode's envelope is read without a copy of the body; one that only
+	// looks like it, around a body that is not JSON, is refused.
+	if _, _, _, b64, ok := splitEnvelope(reseal1(body)); !ok || b64 {
+		t.Fatal("Encode's format 1 envelope is not the one splitEnvelope reads")
+	}
+	for _, tail := range []string{" x", "}", ",", ` "a"`} {
+		b := append(bytes.Clone(body), tail...)
+		data := []byte(`{"format":1,"sha256":"` + sha(b) + `","body":` + string(b) + `}`)
+		if _, _, err := Walk(data, nil); err == nil {
+			t.Fatalf("accepted a body followed by %q", tail)
+		}
+		walkMatchesDecode(t, data)
+	}
+	// Misplaced once the whole header is read: refused, as Decode's
+	// header says. (No private file with a key: its key names the epoch.)
+	s := newFileStore(t)
+	m.Files = slices.DeleteFunc(m.Files, func(f File) bool { return f.Name == "MANIFEST-000001" })
+	m.FullSize -= 70000
+	data := reseal1(bytes.Replace(body1(t, m), []byte(`,"full_size"`), []byte(`,"epoch":3,"full_size"`), 1))
+	ref := RefOf(m)
+	if err := s.Put(context.Background(), ref.Key, bytes.NewReader(data), int64(len(data))); err != nil {
+		t.Fatal(err)
+	}
+	var bad *UnreadableError
+	if _, _, err := WalkRef(context.Background(), s, m.Job, ref, nil); !errors.As(err, &bad) || !strings.Contains(err.Error(), "not where it is stored") {
+		t.Fatalf("a manifest whose epoch, after its files, names another place: %v", err)
+	}
+}
+
+// FuzzWalkMatchesDecodeFormat1: any format 1 body behind a valid checksum
+// is accepted by Walk exactly when Decode accepts it, with the same files.
+func FuzzWalkMatchesDecodeFormat1(f *testing.F) {
+	m := sample()
+	sort.Slice(m.Files, func(i, j int) bool { return m.Files[i].Name < m.Files[j].Name })
+	f.Add(body1(f, m))
+	f.Add(body1(f, sample()))
+	f.Add([]byte(`{"job":"j","task":"t","checkpoint":1,"files":[],"full_size":0}`))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if !json.Valid(body) {
+			return
+		}
+		walkMatchesDecode(t, reseal1(body))
 	})
 }

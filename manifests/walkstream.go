@@ -43,8 +43,8 @@ func streamWalkRef(ctx context.Context, s storage.Store, job string, ref Ref, fn
 	if err != nil && err != io.EOF {
 		return readErr(err)
 	}
-	format, sum, _, ok := splitEnvelope(append(bytes.Clone(prefix), `"}`...))
-	if !ok || format != Format2 {
+	format, sum, _, b64, ok := splitEnvelope(append(bytes.Clone(prefix), `"}`...))
+	if !ok || !b64 || format != Format2 {
 		rc.Close()
 		_, _, err := WalkRef(ctx, s, job, ref, fn)
 		return err
