@@ -219,26 +219,16 @@ func LoadRef(ctx context.Context, s storage.Store, job string, ref Ref) (*Manife
 
 // LoadRefEncoded is LoadRef that also returns the manifest as stored.
 func LoadRefEncoded(ctx context.Context, s storage.Store, job string, ref Ref) (*Manifest, []byte, error) {
-	task, n := ref.Task, ref.Checkpoint
-	key := ref.Key
-	if key == "" {
-		key = ManifestKeyOf(job, task, n, ref.Epoch)
-	}
-	rc, err := s.Get(ctx, key)
+	data, key, err := readRef(ctx, s, job, ref)
 	if err != nil {
-		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
-	}
-	defer rc.Close()
-	data, err := readSized(rc, ref.ManifestSize, MaxManifestBytes+1)
-	if err != nil {
-		return nil, nil, fmt.Errorf("read manifest of %s checkpoint %d: %w", task, n, err)
+		return nil, nil, err
 	}
 	m, err := Decode(data)
+	if err == nil {
+		err = placeCheck(job, ref)(m)
+	}
 	if err != nil {
 		return nil, nil, &UnreadableError{Key: key, Err: err}
-	}
-	if m.Job != job || m.Task != task || m.Checkpoint != n || m.Epoch != ref.Epoch {
-		return nil, nil, &UnreadableError{Key: key, Err: fmt.Errorf("names job %q task %q checkpoint %d epoch %d, not where it is stored", m.Job, m.Task, m.Checkpoint, m.Epoch)}
 	}
 	return m, data, nil
 }
