@@ -99,6 +99,24 @@ func TestFormat2RoundTripsFilesOfBothAlgorithms(t *testing.T) {
 	}
 }
 
+func TestFormat2OfEarlierBuildsStillDecodes(t *testing.T) {
+	// Written by builds that compressed the file table at flate's default
+	// level: the decoder reads any level.
+	data, err := os.ReadFile("testdata/format2-mixed-flate6.manifest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Decode(data)
+	if err != nil {
+		t.Fatalf("an earlier format 2 manifest no longer decodes: %v", err)
+	}
+	want := mixedSample()
+	want.Format, want.CheckpointSize = Format2, got.CheckpointSize
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("decoded %+v\nwant %+v", got, want)
+	}
+}
+
 func TestFormat1RefusesBLAKE3Files(t *testing.T) {
 	m := mixedSample()
 	m.Format = Format1
@@ -333,4 +351,27 @@ func drawManifest(t *rapid.T) *Manifest {
 		m.FullSize += f.Size
 	}
 	return m
+}
+
+func TestEncodeKnowsADefaultKeyWithoutBuildingIt(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		m := &Manifest{Job: rapid.SampledFrom([]string{"job", "j", "job-2"}).Draw(t, "job"), Task: "t", Checkpoint: 3, Epoch: rapid.Uint64Range(0, 2).Draw(t, "epoch")}
+		f := File{Name: "000001.sst", Kind: rapid.SampledFrom([]Kind{Shared, Private}).Draw(t, "kind"), Size: rapid.Int64Range(0, 1<<40).Draw(t, "size")}
+		sum := rapid.StringMatching(`[0-9a-f]{64}`).Draw(t, "sum")
+		f.SetDigest(digestOf(rapid.SampledFrom([]Alg{SHA256, BLAKE3}).Draw(t, "alg"), sum))
+		f.Key = m.defaultKey(f)
+		switch rapid.IntRange(0, 4).Draw(t, "change") {
+		case 1: // a fresh key
+			f.Key += ".0123456789abcdef"
+		case 2: // another size
+			f.Key = SharedKey(m.Job, f.Digest(), f.Size+1)
+		case 3: // another job
+			f.Key = SharedKey(m.Job+"x", f.Digest(), f.Size)
+		case 4: // cut short
+			f.Key = f.Key[:rapid.IntRange(0, len(f.Key)-1).Draw(t, "cut")]
+		}
+		if got, want := m.hasDefaultKey(&f), f.Key == m.defaultKey(f); got != want {
+			t.Fatalf("hasDefaultKey(%q) = %v, want %v", f.Key, got, want)
+		}
+	})
 }

@@ -141,21 +141,16 @@ func (m *Manifest) Encode(objectBytes int64) ([]byte, error) {
 		return nil, fmt.Errorf("encode manifest: unknown format %d (this ckpt writes formats 1 and 2)", format)
 	}
 	m.Format = format
+	if format == Format2 {
+		return m.encode2(objectBytes, table)
+	}
 	var out []byte
 	size := objectBytes
 	// The manifest counts its own bytes; the length of the number can change
 	// the length of the encoding, so iterate to the fixed point (2-3 rounds).
-	// Only the small header changes between rounds: format 2's file table
-	// is compressed once.
 	for range 8 {
 		m.CheckpointSize = size
-		var body []byte
-		var err error
-		if format == Format1 {
-			body, err = json.Marshal(m)
-		} else {
-			body, err = m.encodeBody2(table)
-		}
+		body, err := json.Marshal(m)
 		if err != nil {
 			return nil, fmt.Errorf("encode manifest: %w", err)
 		}
@@ -170,6 +165,28 @@ func (m *Manifest) Encode(objectBytes int64) ([]byte, error) {
 		size = objectBytes + int64(len(out))
 	}
 	return out, nil
+}
+
+// encode2 is Encode's format 2, the file table compressed already. The
+// fixed point of a manifest that counts its own bytes is found on the
+// small header alone (the length of the rest is known without building
+// it), then the stored form is built once.
+func (m *Manifest) encode2(objectBytes int64, table []byte) ([]byte, error) {
+	size := objectBytes
+	var header []byte
+	for range 8 {
+		m.CheckpointSize = size
+		var err error
+		if header, err = m.encodeHeader(); err != nil {
+			return nil, fmt.Errorf("encode manifest: %w", err)
+		}
+		n := int64(envelope2Len(len(header), len(table)))
+		if objectBytes+n == size {
+			break
+		}
+		size = objectBytes + n
+	}
+	return appendEnvelope2(header, table), nil
 }
 
 // Decode parses and checks a stored manifest of format 1 or 2: format
