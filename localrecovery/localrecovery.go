@@ -28,6 +28,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -186,22 +187,12 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 	if err := unix.Fstat(src.Fd(), &dirSt); err != nil {
 		return nil, fmt.Errorf("snapshot dir: %w", err)
 	}
-	entries, err := src.File().ReadDir(-1)
+	names, err := listNames(src.Fd())
 	if err != nil {
-		return nil, fmt.Errorf("read snapshot dir: %w", err)
+		return nil, err
 	}
-	if len(entries) == 0 {
+	if len(names) == 0 {
 		return nil, &BadFileError{Name: src.Path(), Reason: "snapshot dir is empty"}
-	}
-	names := make([]string, 0, len(entries))
-	for _, e := range entries {
-		if err := manifests.ValidFileName(e.Name()); err != nil {
-			return nil, &BadFileError{Name: e.Name(), Reason: "unsafe name"}
-		}
-		if !e.Type().IsRegular() {
-			return nil, &BadFileError{Name: e.Name(), Reason: describe(e.Type())}
-		}
-		names = append(names, e.Name())
 	}
 	dst := s.chkDir(task, n)
 	if err := os.RemoveAll(dst); err != nil { // left by an aborted or crashed attempt
@@ -353,8 +344,12 @@ func (sn *Snapshot) Inspect() error {
 	}
 	defer d.Close()
 	fd := int(d.Fd())
-	files := make([]File, len(sn.names))
-	for i, name := range sn.names {
+	// In name order: the manifest's order, and for an engine's sequential
+	// file numbers close to inode order.
+	names := slices.Clone(sn.names)
+	slices.Sort(names)
+	files := make([]File, len(names))
+	for i, name := range names {
 		var st unix.Stat_t
 		if err := unix.Fstatat(fd, name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
 			return fmt.Errorf("snapshot file %s: %w", name, &os.PathError{Op: "lstat", Path: filepath.Join(sn.Dir, name), Err: err})
@@ -367,28 +362,59 @@ func (sn *Snapshot) Inspect() error {
 		}
 		files[i] = File{Name: name, Size: st.Size, Dev: uint64(st.Dev), Ino: st.Ino, ModTime: st.Mtim.Nano()}
 	}
-	if names, err := d.Readdirnames(-1); err != nil || len(names) != len(sn.names) {
+	if n, err := countDirents(fd); err != nil || n != len(names) {
 		return &BadFileError{Name: sn.Dir, Reason: "the snapshot changed while being taken"}
 	}
-	sort.Slice(files, func(i, j int) bool { return files[i].Name < files[j].Name })
 	sn.Files = files
 	return nil
 }
 
-func describe(m fs.FileMode) string {
-	switch {
-	case m&fs.ModeSymlink != 0:
-		return "is a symlink"
-	case m.IsDir():
-		return "is a directory"
-	case m&fs.ModeDevice != 0:
-		return "is a device"
-	case m&fs.ModeSocket != 0:
-		return "is a socket"
-	case m&fs.ModeNamedPipe != 0:
-		return "is a named pipe"
+// listNames reads the names of the snapshot dir fd and checks each entry:
+// a plain file name, a regular file by its directory entry's type (an
+// fstatat(2) where the filesystem does not say). The names share one
+// allocation; the first entry that fails, in the order read, is the error.
+func listNames(fd int) ([]string, error) {
+	var arena []byte
+	var ends []int
+	bad, badReason := -1, ""
+	err := readDirents(fd, func(name []byte, typ uint8) error {
+		if bad < 0 {
+			reason := direntKind(typ)
+			if typ == unix.DT_UNKNOWN {
+				var st unix.Stat_t
+				if err := unix.Fstatat(fd, string(name), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+					return fmt.Errorf("snapshot file %s: %w", name, err)
+				}
+				reason = modeKind(st.Mode)
+			}
+			if reason != "" {
+				bad, badReason = len(ends), reason
+			}
+		}
+		arena = append(arena, name...)
+		ends = append(ends, len(arena))
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read snapshot dir: %w", err)
 	}
-	return "is not a regular file"
+	if _, err := unix.Seek(fd, 0, 0); err != nil {
+		return nil, fmt.Errorf("read snapshot dir: %w", err)
+	}
+	all := string(arena)
+	names := make([]string, len(ends))
+	start := 0
+	for i, end := range ends {
+		names[i] = all[start:end]
+		start = end
+		if err := manifests.ValidFileName(names[i]); err != nil {
+			return nil, &BadFileError{Name: names[i], Reason: "unsafe name"}
+		}
+		if i == bad {
+			return nil, &BadFileError{Name: names[i], Reason: badReason}
+		}
+	}
+	return names, nil
 }
 
 // stat returns the identity of a regular file, nil if it is not regular.
