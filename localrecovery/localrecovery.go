@@ -21,7 +21,6 @@ package localrecovery
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -469,28 +468,36 @@ func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, 
 	if m.Task != task || m.Checkpoint != n {
 		return nil, fmt.Errorf("local store: manifest of %s checkpoint %d recorded as %s checkpoint %d", m.Task, m.Checkpoint, task, n)
 	}
-	known := make(map[string]Identity, len(inspected))
-	for _, f := range inspected {
-		known[f.Name] = f.ID()
-	}
 	// The identities the files had when their hashes went into the manifest:
-	// what Local.UnchangedInfo compares against.
-	ids := make(map[string]Identity, len(m.Files))
-	for _, f := range m.Files {
-		if id, ok := known[f.Name]; ok && id.Size == f.Size {
-			ids[f.Name] = id
-		} else if st, err := stat(filepath.Join(s.chkDir(task, n), f.Name)); err == nil && st != nil && st.Size == f.Size {
-			ids[f.Name] = st.ID()
+	// what Local.UnchangedInfo compares against. The inspected files are in
+	// the manifest's order when the manifest is the snapshot's (no lookup
+	// by name then).
+	ids := make([]Identity, len(m.Files))
+	var known map[string]Identity
+	for i, f := range m.Files {
+		var id Identity
+		ok := false
+		if len(inspected) == len(m.Files) && inspected[i].Name == f.Name {
+			id, ok = inspected[i].ID(), true
+		} else if len(inspected) > 0 {
+			if known == nil {
+				known = make(map[string]Identity, len(inspected))
+				for _, f := range inspected {
+					known[f.Name] = f.ID()
+				}
+			}
+			id, ok = known[f.Name]
 		}
-	}
-	idsJSON, err := json.Marshal(ids)
-	if err != nil {
-		return nil, fmt.Errorf("local store: %w", err)
+		if ok && id.Size == f.Size {
+			ids[i] = id
+		} else if st, err := stat(filepath.Join(s.chkDir(task, n), f.Name)); err == nil && st != nil && st.Size == f.Size {
+			ids[i] = st.ID()
+		}
 	}
 	if err := failpoint.Error(failpoint.LocalWrite); err != nil {
 		return nil, fmt.Errorf("local store: %w", &os.PathError{Op: "write", Path: s.idsPath(task, n), Err: err})
 	}
-	if err := os.WriteFile(s.idsPath(task, n), idsJSON, 0o640); err != nil {
+	if err := os.WriteFile(s.idsPath(task, n), encodeIDs(ids), 0o640); err != nil {
 		return nil, fmt.Errorf("local store: %w", err)
 	}
 	p := s.manifestPath(task, n)
@@ -635,7 +642,12 @@ type Local struct {
 	Checkpoint uint64
 	Dir        string
 	Manifest   *manifests.Manifest
-	ids        map[string]Identity
+	// ids holds the identity of each file of Manifest.Files (same index)
+	// when the checkpoint completed; the zero Identity when unknown.
+	ids []Identity
+
+	byNameOnce sync.Once
+	byName     map[string]int // index in Manifest.Files
 }
 
 // UnchangedInfo reports whether the local file name, as fi (an os.Lstat or
@@ -646,7 +658,15 @@ type Local struct {
 // restore that trusts it instead of hashing trades that check for speed,
 // and must say so.
 func (l *Local) UnchangedInfo(name string, fi fs.FileInfo) bool {
-	want, ok := l.ids[name]
+	l.byNameOnce.Do(func() {
+		l.byName = make(map[string]int, len(l.ids))
+		for i, f := range l.Manifest.Files {
+			if i < len(l.ids) && l.ids[i] != (Identity{}) {
+				l.byName[f.Name] = i
+			}
+		}
+	})
+	i, ok := l.byName[name]
 	if !ok || !fi.Mode().IsRegular() {
 		return false
 	}
@@ -656,7 +676,7 @@ func (l *Local) UnchangedInfo(name string, fi fs.FileInfo) bool {
 		return false
 	}
 	f.Dev, f.Ino = uint64(st.Dev), uint64(st.Ino)
-	return f.ID() == want
+	return f.ID() == l.ids[i]
 }
 
 // Path returns the local path of a file of the checkpoint.
@@ -708,7 +728,7 @@ func (s *Store) load(task string, n uint64) *Local {
 func (s *Store) withIDs(task string, m *manifests.Manifest) *Local {
 	l := &Local{Checkpoint: m.Checkpoint, Dir: s.chkDir(task, m.Checkpoint), Manifest: m}
 	if b, err := os.ReadFile(s.idsPath(task, m.Checkpoint)); err == nil {
-		json.Unmarshal(b, &l.ids) // unreadable: nothing counts as unchanged
+		l.ids = decodeIDs(b, m) // unreadable: nothing counts as unchanged
 	}
 	return l
 }
@@ -739,9 +759,9 @@ func (s *Store) Recover(task string) (*Local, error) {
 // recorded at completion, without a stat of every file.
 func (l *Local) Hashes() map[Identity]string {
 	idx := make(map[Identity]string, len(l.ids))
-	for _, mf := range l.Manifest.Files {
-		if id, ok := l.ids[mf.Name]; ok {
-			idx[id] = mf.Digest()
+	for i, mf := range l.Manifest.Files {
+		if i < len(l.ids) && l.ids[i] != (Identity{}) {
+			idx[l.ids[i]] = mf.Digest()
 		}
 	}
 	return idx
