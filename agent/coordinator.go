@@ -448,17 +448,20 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 		a.mu.Unlock()
 		return protocol.Event{}, errorf(protocol.CodeConflict, "checkpoint %d of task %s is at or below its last completed checkpoint %d", req.Checkpoint, req.Task, last)
 	}
-	confirmed := map[string]string{}
-	for _, m := range t.retained {
-		for _, f := range m.Files {
-			if f.Kind == manifests.Shared {
-				confirmed[f.ContentID()] = f.Key
-			}
+	retained := slices.Clone(t.retained)
+	hashes, parent := t.hashes, t.lastCompleted
+	a.mu.Unlock()
+	// Retained manifests are never changed: the set is built without the lock.
+	first := len(retained) == 0
+	confirmed := uploader.NewConfirmed(0)
+	if !first {
+		confirmed = uploader.NewConfirmed(len(retained[len(retained)-1].Files))
+	}
+	for _, m := range retained {
+		for i := range m.Files {
+			confirmed.Add(&m.Files[i])
 		}
 	}
-	hashes, parent := t.hashes, t.lastCompleted
-	first := len(t.retained) == 0
-	a.mu.Unlock()
 	if first {
 		// A task with no checkpoint of its own (one a rescale restore built
 		// from other tasks' tables) reuses what the job's other tasks retain.
@@ -472,9 +475,7 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 			a.log.Warn("read the job's other tasks' checkpoints: their objects are not reused", "task", t.name, "err", err)
 		}
 		for id, key := range others {
-			if _, ok := confirmed[id]; !ok {
-				confirmed[id] = key
-			}
+			confirmed.AddID(id, key) // the task has no retained manifest of its own
 		}
 	}
 

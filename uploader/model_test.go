@@ -196,11 +196,13 @@ func (m *model) begin(task string, ids []int, budget int64) {
 		m.t.Fatal(err)
 	}
 	retained := m.retained(task)
-	confirmed := map[string]string{}
+	confirmed := uploader.NewConfirmed(0)
+	confirmedIDs := map[string]string{} // the same, as content ids: the model's view
 	for _, mf := range retained {
 		for _, f := range mf.Files {
+			confirmed.Add(&f)
 			if f.Kind == manifests.Shared {
-				confirmed[f.ContentID()] = f.Key
+				confirmedIDs[f.ContentID()] = f.Key
 			}
 		}
 	}
@@ -224,7 +226,7 @@ func (m *model) begin(task string, ids []int, budget int64) {
 		// Invariant 3: every reused object was confirmed when the upload began.
 		for _, f := range res.Files {
 			if f.Kind == manifests.Shared && !f.Uploaded {
-				if key, ok := confirmed[f.ContentID()]; !ok || key != f.Key {
+				if key, ok := confirmedIDs[f.ContentID()]; !ok || key != f.Key {
 					dup := false
 					for _, g := range res.Files {
 						dup = dup || (g.Uploaded && g.Key == f.Key)

@@ -313,13 +313,8 @@ func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Gua
 		}
 		byKey := map[string][]int{}
 		var order []string
-		used := map[string]bool{}
 		for i, f := range res.Files {
-			if f.Key == "" {
-				continue
-			}
-			used[f.Key] = true
-			if hold.Pending(f.Key) {
+			if f.Key != "" && hold.Pending(f.Key) {
 				if byKey[f.Key] == nil {
 					order = append(order, f.Key)
 				}
@@ -328,6 +323,10 @@ func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Gua
 		}
 		if len(order) == 0 {
 			return hold, nil
+		}
+		used := make(map[string]bool, len(res.Files))
+		for _, f := range res.Files {
+			used[f.Key] = true
 		}
 		g, gctx := errgroup.WithContext(ctx)
 		g.SetLimit(max(req.Concurrency, 1))

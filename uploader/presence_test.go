@@ -56,11 +56,11 @@ func TestTheSizeCheckCatchesTruncatedAndDeletedObjectsWithoutRehashing(t *testin
 			if err != nil {
 				t.Fatal(err)
 			}
-			confirmed, hashes := map[string]string{}, map[localrecovery.Identity]string{}
+			confirmed, hashes := uploader.NewConfirmed(0), map[localrecovery.Identity]string{}
 			var keys []string
 			for i, f := range res.Files {
 				if f.Kind == manifests.Shared {
-					confirmed[f.ContentID()] = f.Key
+					confirmed.Add(&f)
 					hashes[sn.Files[i].ID()] = f.Digest()
 					keys = append(keys, f.Key)
 				}
