@@ -85,14 +85,15 @@ func TestConfirmedKnowsAContentByItsHashAlgorithmAndSize(t *testing.T) {
 		t.Fatalf("a confirmed content: %q %v", key, ok)
 	}
 	for name, f := range map[string]manifests.File{
-		"another algorithm":  b3,
-		"another size":       {Kind: manifests.Shared, Size: 11, SHA256: hex},
-		"another hash":       {Kind: manifests.Shared, Size: 10, SHA256: strings.Repeat("ac", 32)},
-		"no hash":            {Kind: manifests.Shared, Size: 10},
-		"upper-case hex":     {Kind: manifests.Shared, Size: 10, SHA256: strings.ToUpper(hex)},
-		"a hash cut short":   {Kind: manifests.Shared, Size: 10, SHA256: hex[:62]},
-		"a private, added":   {Kind: manifests.Private, Size: 10, SHA256: hex},
-		"a hash of non-hex!": {Kind: manifests.Shared, Size: 10, SHA256: strings.Repeat("zz", 32)},
+		"another algorithm":   b3,
+		"another size":        {Kind: manifests.Shared, Size: 11, SHA256: hex},
+		"another hash":        {Kind: manifests.Shared, Size: 10, SHA256: strings.Repeat("ac", 32)},
+		"the same first half": {Kind: manifests.Shared, Size: 10, SHA256: hex[:32] + strings.Repeat("cd", 16)},
+		"no hash":             {Kind: manifests.Shared, Size: 10},
+		"upper-case hex":      {Kind: manifests.Shared, Size: 10, SHA256: strings.ToUpper(hex)},
+		"a hash cut short":    {Kind: manifests.Shared, Size: 10, SHA256: hex[:62]},
+		"a private, added":    {Kind: manifests.Private, Size: 10, SHA256: hex},
+		"a hash of non-hex!":  {Kind: manifests.Shared, Size: 10, SHA256: strings.Repeat("zz", 32)},
 	} {
 		if name == "a private, added" {
 			c.Add(&f) // not an object to reuse: ignored
