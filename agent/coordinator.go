@@ -40,7 +40,11 @@ type task struct {
 	// retained holds the task's complete, retained manifests, oldest first:
 	// the only objects a new checkpoint may reuse (invariant 3).
 	retained []*manifests.Manifest
-	// hashes maps inode identities of the newest local copy to their hashes.
+	// prev is the newest checkpoint this agent completed, as its local
+	// copy recorded it (its manifest is prevM); hashes maps inode
+	// identities of the newest local copy found at load to their hashes.
+	prev   *uploader.Previous
+	prevM  *manifests.Manifest
 	hashes map[localrecovery.Identity]string
 	// jobComplete is the newest job-complete checkpoint of the task that
 	// retention found (0: none yet); the job-wide checkpoints above it stay
@@ -405,6 +409,7 @@ func (a *Agent) load(ctx context.Context, t *task) error {
 	defer a.mu.Unlock()
 	t.retained = retained
 	t.hashes = hashes
+	t.prev, t.prevM = nil, nil
 	t.problems = nil
 	for _, p := range problems {
 		t.problems = append(t.problems, p.Problem)
@@ -450,17 +455,19 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 	}
 	retained := slices.Clone(t.retained)
 	hashes, parent := t.hashes, t.lastCompleted
+	var prev *uploader.Previous
+	if t.prev != nil {
+		p := *t.prev
+		// Its objects are reusable while its manifest is retained.
+		p.Confirmed = slices.Contains(retained, t.prevM)
+		prev = &p
+	}
 	a.mu.Unlock()
 	// Retained manifests are never changed: the set is built without the lock.
 	first := len(retained) == 0
-	confirmed := uploader.NewConfirmed(0)
-	if !first {
-		confirmed = uploader.NewConfirmed(len(retained[len(retained)-1].Files))
-	}
+	confirmed := uploader.NewConfirmed()
 	for _, m := range retained {
-		for i := range m.Files {
-			confirmed.Add(&m.Files[i])
-		}
+		confirmed.AddFiles(m.Files)
 	}
 	if first {
 		// A task with no checkpoint of its own (one a rescale restore built
@@ -486,7 +493,7 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 	// uploaded again from the snapshot before the manifest names it.
 	ureq := uploader.Request{
 		Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task, Checkpoint: req.Checkpoint, Epoch: own.Epoch,
-		Snapshot: ck.snap, Confirmed: confirmed, Hashes: hashes, Classify: ck.engine.Classify,
+		Snapshot: ck.snap, Confirmed: confirmed, Previous: prev, Hashes: hashes, Classify: ck.engine.Classify,
 		Concurrency: a.cfg.UploadConcurrency, Presence: a.presence, Alg: manifests.BLAKE3,
 	}
 	if a.cfg.ManifestFormat == manifests.Format1 {
@@ -620,11 +627,11 @@ func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byt
 // retained set, and retention of older manifests. Failures here are logged;
 // the checkpoint is complete whatever happens to its local copy.
 func (a *Agent) committed(ctx context.Context, t *task, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
-	var hashes map[localrecovery.Identity]string
+	var prev *uploader.Previous
 	if l, err := a.local.CompleteInspected(t.name, m.Checkpoint, m, encoded, snap.Files); err != nil {
 		a.log.Warn("keep local copy", "task", t.name, "checkpoint", m.Checkpoint, "err", err)
 	} else {
-		hashes = l.Hashes()
+		prev = &uploader.Previous{Files: m.Files, IDs: l.IDs()}
 	}
 	t.retainMu.Lock()
 	defer t.retainMu.Unlock()
@@ -634,9 +641,10 @@ func (a *Agent) committed(ctx context.Context, t *task, m *manifests.Manifest, e
 	own := slices.Clone(t.retained)
 	if m.Checkpoint > t.lastCompleted {
 		t.lastCompleted, t.lastSize, t.lastFull = m.Checkpoint, m.CheckpointSize, m.FullSize
-		if hashes != nil {
-			t.hashes = hashes
-		}
+		// The next checkpoint knows its unchanged files from this one's
+		// local copy; without one (it could not be kept, and the older
+		// copies may be gone), it hashes them.
+		t.prev, t.prevM, t.hashes = prev, m, nil
 	}
 	a.mu.Unlock()
 	// The newest job-complete checkpoint of the task is never retired; it

@@ -682,6 +682,11 @@ func (l *Local) UnchangedInfo(name string, fi fs.FileInfo) bool {
 // Path returns the local path of a file of the checkpoint.
 func (l *Local) Path(name string) string { return filepath.Join(l.Dir, name) }
 
+// IDs returns the identity each file of l.Manifest.Files had when the
+// checkpoint completed, by index (the zero Identity when unknown; nil
+// when none is known). The slice is l's: not to be changed.
+func (l *Local) IDs() []Identity { return l.ids }
+
 // Latest returns the newest complete checkpoint of task kept locally, or
 // nil when there is none. A local manifest that fails its checks is
 // treated as absent (the local store is a cache, not a source of truth).

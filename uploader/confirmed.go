@@ -9,16 +9,15 @@ import (
 
 // Confirmed is the set of shared objects an upload may reuse, by content:
 // the objects named by the task's complete, retained manifests (invariant
-// 3; see Request.Confirmed). It indexes the files of those manifests by
-// size and the first 64 bits of their hash, and a lookup compares the
-// whole digest: building the set from manifests of 100,000 files
-// allocates nothing per file, and its index fits in caches a content id
-// string map does not. Two contents that share size and 64 bits of hash
-// (a chance of 2^-64) cost a reuse, never a wrong one: the second is not
-// found and is uploaded again. A nil *Confirmed holds nothing. It is not
-// safe for concurrent Adds.
+// 3; see Request.Confirmed). It holds the manifests' file tables as they
+// are, so making one costs nothing per file; an upload indexes only the
+// files of the sizes it looks up (a content id includes the size), by
+// size and the first 64 bits of the hash, and compares the whole digest
+// on a hit. Two contents that share size and 64 bits of hash (a chance of
+// 2^-64) cost a reuse, never a wrong one: the one not indexed is uploaded
+// again. A nil *Confirmed holds nothing. Adds must precede its use.
 type Confirmed struct {
-	files map[contentKey]*manifests.File
+	sources [][]manifests.File
 }
 
 // contentKey is what Confirmed indexes a content by.
@@ -27,23 +26,18 @@ type contentKey struct {
 	prefix uint64
 }
 
-// NewConfirmed returns an empty set sized for about n objects.
-func NewConfirmed(n int) *Confirmed {
-	return &Confirmed{files: make(map[contentKey]*manifests.File, n)}
-}
+// NewConfirmed returns an empty set.
+func NewConfirmed() *Confirmed { return &Confirmed{} }
 
-// Add records the object of *f, a file of a complete, retained manifest,
-// if f is shared; Confirmed keeps f, which must not change. A later Add of
-// the same content replaces the object (it may live under a fresh key;
-// see AvoidMarked).
-func (c *Confirmed) Add(f *manifests.File) {
-	if f.Kind != manifests.Shared || f.Key == "" {
-		return
-	}
-	if k, ok := keyOf(f); ok {
-		c.files[k] = f
-	}
-}
+// AddFiles records the shared objects of files, the file table of a
+// complete, retained manifest, which must not change afterwards. Of two
+// files of the same content, the one added later wins (its object may
+// live under a fresh key; see AvoidMarked).
+func (c *Confirmed) AddFiles(files []manifests.File) { c.sources = append(c.sources, files) }
+
+// Add records the object of f, a file of a complete, retained manifest,
+// if f is shared.
+func (c *Confirmed) Add(f *manifests.File) { c.AddFiles([]manifests.File{*f}) }
 
 // AddID records key as the object of the content id (manifests.ContentID
 // of a digest and a size); false, recording nothing, when id is malformed.
@@ -56,38 +50,58 @@ func (c *Confirmed) AddID(id, key string) bool {
 	if err != nil {
 		return false
 	}
-	f := &manifests.File{Kind: manifests.Shared, Size: size, Key: key}
+	f := manifests.File{Kind: manifests.Shared, Size: size, Key: key}
 	f.SetDigest(id[:i])
 	if !manifests.ValidDigest(f.Digest()) {
 		return false
 	}
-	c.Add(f)
+	c.Add(&f)
 	return true
 }
 
 // Key returns the confirmed object holding the content of f (its digest
-// and size).
+// and size). It indexes the set for f's size at each call: an upload uses
+// an index of its own (see index).
 func (c *Confirmed) Key(f *manifests.File) (string, bool) {
-	if c == nil || len(c.files) == 0 {
+	return lookup(c.index(map[int64]bool{f.Size: true}), f)
+}
+
+// index returns the set's objects of the given sizes (all when sizes is
+// nil) by contentKey. Its cost is a look at the size of each file of the
+// set, and an entry for each file of one of those sizes.
+func (c *Confirmed) index(sizes map[int64]bool) map[contentKey]*manifests.File {
+	if c == nil {
+		return nil
+	}
+	idx := map[contentKey]*manifests.File{}
+	for _, files := range c.sources {
+		for i := range files {
+			f := &files[i]
+			if f.Kind != manifests.Shared || f.Key == "" || (sizes != nil && !sizes[f.Size]) {
+				continue
+			}
+			if k, ok := keyOf(f); ok {
+				idx[k] = f
+			}
+		}
+	}
+	return idx
+}
+
+// lookup returns the key of the object of idx holding f's content.
+func lookup(idx map[contentKey]*manifests.File, f *manifests.File) (string, bool) {
+	if len(idx) == 0 {
 		return "", false
 	}
 	k, ok := keyOf(f)
 	if !ok {
 		return "", false
 	}
-	g, ok := c.files[k]
+	g, ok := idx[k]
 	if !ok || g.SHA256 != f.SHA256 || g.BLAKE3 != f.BLAKE3 {
 		return "", false
 	}
 	return g.Key, true
-}
-
-// Len is the number of contents in the set.
-func (c *Confirmed) Len() int {
-	if c == nil {
-		return 0
-	}
-	return len(c.files)
 }
 
 // keyOf is the index key of f's digest and size; false when the digest

@@ -29,7 +29,7 @@ func TestKnownAndHashedFilesAreDecidedAlike(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	confirmed := uploader.NewConfirmed(2)
+	confirmed := uploader.NewConfirmed()
 	hashes := map[localrecovery.Identity]string{}
 	for i, f := range first.Files {
 		switch f.Name {
@@ -40,9 +40,6 @@ func TestKnownAndHashedFilesAreDecidedAlike(t *testing.T) {
 		case "000001.sst", "000002.sst", "000003.sst", "000004.sst":
 			hashes[sn.Files[i].ID()] = f.Digest()
 		}
-	}
-	if confirmed.Len() != 2 {
-		t.Fatalf("confirmed holds %d contents, want 2", confirmed.Len())
 	}
 	c := &counting{Store: st}
 	res, err := uploader.Upload(ctx, uploader.Request{Store: c, Job: "job", Task: "t", Checkpoint: 2, Snapshot: sn, Confirmed: confirmed, Hashes: hashes})
@@ -79,7 +76,7 @@ func TestConfirmedKnowsAContentByItsHashAlgorithmAndSize(t *testing.T) {
 	hex := strings.Repeat("ab", 32)
 	sha := manifests.File{Kind: manifests.Shared, Size: 10, SHA256: hex, Key: "job/shared/ab/sha"}
 	b3 := manifests.File{Kind: manifests.Shared, Size: 10, BLAKE3: hex, Key: "job/shared/ab/b3"}
-	c := uploader.NewConfirmed(0)
+	c := uploader.NewConfirmed()
 	c.Add(&sha)
 	if key, ok := c.Key(&sha); !ok || key != sha.Key {
 		t.Fatalf("a confirmed content: %q %v", key, ok)
@@ -104,8 +101,11 @@ func TestConfirmedKnowsAContentByItsHashAlgorithmAndSize(t *testing.T) {
 			t.Fatalf("%s: found %q", name, key)
 		}
 	}
-	if !c.AddID(b3.ContentID(), b3.Key) || c.Len() != 2 {
-		t.Fatalf("AddID of %s: %d contents", b3.ContentID(), c.Len())
+	if !c.AddID(b3.ContentID(), b3.Key) {
+		t.Fatalf("AddID of %s failed", b3.ContentID())
+	}
+	if key, ok := c.Key(&sha); !ok || key != sha.Key {
+		t.Fatalf("the same hex of another algorithm took the place of a content: %q %v", key, ok)
 	}
 	if key, ok := c.Key(&b3); !ok || key != b3.Key {
 		t.Fatalf("a content added by id: %q %v", key, ok)
@@ -116,7 +116,58 @@ func TestConfirmedKnowsAContentByItsHashAlgorithmAndSize(t *testing.T) {
 		}
 	}
 	var none *uploader.Confirmed
-	if _, ok := none.Key(&sha); ok || none.Len() != 0 {
+	if _, ok := none.Key(&sha); ok {
 		t.Fatal("a nil set holds something")
+	}
+}
+
+// Previous decides a file only by the same name and the same inode
+// identity, reuses its object only when its manifest is confirmed, and
+// gives a hash only of an algorithm the upload may use.
+func TestPreviousDecidesUnchangedFilesByNameAndInode(t *testing.T) {
+	sn, st := snapshot(t, map[string]string{"000001.sst": "one", "000002.sst": "two", "000003.sst": "three", "CURRENT": "c"})
+	ctx := context.Background()
+	first, err := uploader.Upload(ctx, uploader.Request{Store: st, Job: "job", Task: "t", Checkpoint: 1, Snapshot: sn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]localrecovery.Identity, len(sn.Files))
+	for i, f := range sn.Files {
+		ids[i] = f.ID()
+	}
+	ids[1].ModTime++ // 000002.sst: written since, as far as the record goes
+	for _, tc := range []struct {
+		name      string
+		prev      uploader.Previous
+		alg       manifests.Alg
+		puts      int64
+		reused    int
+		hashed    int64
+		hashKnown int
+	}{
+		{"confirmed", uploader.Previous{Files: first.Files, IDs: ids, Confirmed: true}, 0, 1, 2, 3, 2},
+		{"not confirmed", uploader.Previous{Files: first.Files, IDs: ids}, 0, 3, 0, 3, 2},
+		{"of another algorithm", uploader.Previous{Files: first.Files, IDs: ids, Confirmed: true}, manifests.SHA256, 3, 0, 11, 0},
+		{"with fewer identities than files", uploader.Previous{Files: first.Files, IDs: ids[:1], Confirmed: true}, 0, 2, 1, 8, 1},
+		{"of other files", uploader.Previous{Files: first.Files[1:], IDs: ids[:3], Confirmed: true}, 0, 3, 0, 11, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := &counting{Store: st}
+			res, err := uploader.Upload(ctx, uploader.Request{Store: c, Job: "job", Task: "t", Checkpoint: 2, Snapshot: sn, Previous: &tc.prev, Alg: tc.alg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.puts.Load() != tc.puts || res.FilesReused != tc.reused || res.BytesHashed != tc.hashed || res.HashesReused != tc.hashKnown {
+				t.Fatalf("%d puts, %d reused, %d bytes hashed, %d hashes known; want %d, %d, %d, %d",
+					c.puts.Load(), res.FilesReused, res.BytesHashed, res.HashesReused, tc.puts, tc.reused, tc.hashed, tc.hashKnown)
+			}
+			m := &manifests.Manifest{Job: "job", Task: "t", Checkpoint: 2, Files: res.Files}
+			for _, f := range res.Files {
+				m.FullSize += f.Size
+			}
+			if err := m.Validate(); err != nil {
+				t.Fatalf("the upload's files make an invalid manifest: %v", err)
+			}
+		})
 	}
 }

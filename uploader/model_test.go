@@ -196,7 +196,7 @@ func (m *model) begin(task string, ids []int, budget int64) {
 		m.t.Fatal(err)
 	}
 	retained := m.retained(task)
-	confirmed := uploader.NewConfirmed(0)
+	confirmed := uploader.NewConfirmed()
 	confirmedIDs := map[string]string{} // the same, as content ids: the model's view
 	for _, mf := range retained {
 		for _, f := range mf.Files {

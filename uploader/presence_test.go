@@ -56,7 +56,7 @@ func TestTheSizeCheckCatchesTruncatedAndDeletedObjectsWithoutRehashing(t *testin
 			if err != nil {
 				t.Fatal(err)
 			}
-			confirmed, hashes := uploader.NewConfirmed(0), map[localrecovery.Identity]string{}
+			confirmed, hashes := uploader.NewConfirmed(), map[localrecovery.Identity]string{}
 			var keys []string
 			for i, f := range res.Files {
 				if f.Kind == manifests.Shared {

@@ -49,8 +49,14 @@ type Request struct {
 	// complete, retained manifests, by content. Only these are reused: an
 	// object that merely exists in storage is uploaded again.
 	Confirmed *Confirmed
+	// Previous, when set, is the task's newest complete checkpoint as its
+	// local copy recorded it. A snapshot file of the same name and inode
+	// identity holds the same bytes: its hash is taken from there, and so
+	// is its object when Previous.Confirmed.
+	Previous *Previous
 	// Hashes holds already known hashes by inode identity (see
-	// localrecovery.HashIndex); files found there are not read at all.
+	// localrecovery.HashIndex), for the files Previous does not know;
+	// files found there are not read at all.
 	Hashes map[localrecovery.Identity]string
 	// Alg hashes the files whose hash is not known (default
 	// manifests.BLAKE3, format 2's). A known hash of another algorithm
@@ -74,6 +80,21 @@ type Request struct {
 	Presence *Presence
 }
 
+// Previous is a complete checkpoint's file table (in name order, as a
+// manifest the agent wrote lists them) with the inode identity of each
+// file in its local copy when it completed (same index; the zero Identity
+// when unknown). The local copy holds a hard link to each of those
+// inodes, so none of them can be freed and reused while it exists: a
+// snapshot file with the same name and identity (device, inode, size,
+// mtime) is the same bytes.
+type Previous struct {
+	Files []manifests.File
+	IDs   []localrecovery.Identity
+	// Confirmed says Files is the file table of a manifest the task
+	// retains: its shared objects may be reused (invariant 3).
+	Confirmed bool
+}
+
 // Result is the outcome of an upload: the files of the manifest to write.
 type Result struct {
 	Files         []manifests.File // in snapshot order (by name)
@@ -95,13 +116,14 @@ type Result struct {
 // On error (including ctx cancellation) objects written so far stay behind
 // as orphans for GC: they are never referenced by a manifest.
 //
-// A shared file whose hash Request.Hashes knows and whose content is
-// confirmed costs a few lookups and no worker: in a state of 100,000
-// files, all but the new ones. Every other file goes through one pipeline
-// in its own worker: identify (the inode index, or a streaming hash of
-// Request.Alg), decide (reuse a confirmed object, or claim the upload of
-// its content), transfer. Hashing one file overlaps the upload of
-// another; no phase waits for all files.
+// A shared file that Request.Previous knows by name and inode costs a
+// step of a walk in name order, and no worker: in a state of 100,000
+// files, all but the new ones. One whose hash Request.Hashes knows costs
+// a lookup by content among the confirmed objects of its size. Every
+// other file goes through one pipeline in its own worker: identify (a
+// streaming hash of Request.Alg), decide (reuse a confirmed object, or
+// claim the upload of its content), transfer. Hashing one file overlaps
+// the upload of another; no phase waits for all files.
 func Upload(ctx context.Context, req Request) (*Result, error) {
 	if req.Concurrency < 1 {
 		req.Concurrency = 4
@@ -118,11 +140,29 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 	sn := req.Snapshot
 	u := &upload{req: req, res: &Result{Files: make([]manifests.File, len(sn.Files))},
 		claimed: map[contentKey]bool{}, tracer: otel.Tracer("ckpt")}
-	var work []int // files for the workers
+	var rest []int // shared files Previous does not know, and private ones
+	sizes := map[int64]bool{}
+	prev := 0 // walks Previous.Files in name order
 	for i, lf := range sn.Files {
 		f := &u.res.Files[i]
 		*f = manifests.File{Name: lf.Name, Kind: req.Classify(lf.Name), Size: lf.Size}
-		if f.Kind == manifests.Shared && u.known(lf, f) && !u.dedup(f) {
+		if f.Kind == manifests.Shared {
+			if u.previous(lf, f, &prev) {
+				continue
+			}
+			sizes[lf.Size] = true
+		}
+		rest = append(rest, i)
+	}
+	if len(sizes) > 0 {
+		u.confirmed = req.Confirmed.index(sizes)
+	}
+	var work []int // files for the workers
+	for _, i := range rest {
+		lf, f := sn.Files[i], &u.res.Files[i]
+		// A hash known (from Previous or Hashes) is decided now; the
+		// workers hash the others and decide them as they go.
+		if f.Kind == manifests.Shared && (f.Digest() != "" || u.known(lf, f)) && !u.dedup(f) {
 			continue // reused, or another file of the snapshot uploads it
 		}
 		work = append(work, i)
@@ -142,6 +182,39 @@ func Upload(ctx context.Context, req Request) (*Result, error) {
 		}
 	}
 	return u.res, nil
+}
+
+// previous decides the shared file f (of the snapshot's file lf) from
+// Request.Previous, whose files it walks in name order from *at: when it
+// holds a file of that name and inode identity, f takes its hash, and its
+// object when Previous.Confirmed (f then counts as reused, and Upload is
+// done with it). False when Previous does not know the file, or its hash
+// is of an algorithm this upload may not use.
+func (u *upload) previous(lf localrecovery.File, f *manifests.File, at *int) bool {
+	pv := u.req.Previous
+	if pv == nil {
+		return false
+	}
+	for *at < len(pv.Files) && pv.Files[*at].Name < lf.Name {
+		*at++
+	}
+	j := *at
+	if j >= len(pv.Files) || j >= len(pv.IDs) || pv.Files[j].Name != lf.Name {
+		return false
+	}
+	p := &pv.Files[j]
+	if id := lf.ID(); pv.IDs[j] != id || id == (localrecovery.Identity{}) || p.Size != lf.Size ||
+		(p.SHA256 == "") == (p.BLAKE3 == "") || (u.req.Alg == manifests.SHA256 && p.BLAKE3 != "") {
+		return false
+	}
+	f.SHA256, f.BLAKE3 = p.SHA256, p.BLAKE3
+	u.res.HashesReused++
+	if !pv.Confirmed || p.Kind != manifests.Shared || p.Key == "" {
+		return false // the hash only: decided with the others
+	}
+	f.Key = p.Key
+	u.res.FilesReused++
+	return true
 }
 
 // confirmRounds bounds the checks of reused objects: re-uploads take time,
@@ -249,8 +322,11 @@ type upload struct {
 	res     *Result
 	mu      sync.Mutex          // guards res counters and claimed
 	claimed map[contentKey]bool // contents this snapshot uploads
-	spans   atomic.Int64
-	tracer  trace.Tracer
+	// confirmed indexes Request.Confirmed for the sizes of the files that
+	// Previous does not decide (read-only once the workers start).
+	confirmed map[contentKey]*manifests.File
+	spans     atomic.Int64
+	tracer    trace.Tracer
 }
 
 // body is what a file's transfer sends: the object key ("" when nothing is
@@ -347,7 +423,7 @@ func (u *upload) shared(ctx context.Context, path string, lf localrecovery.File,
 // upload (f.Key is then set by that file's caller: same content, same
 // key). It counts f as reused or uploaded.
 func (u *upload) dedup(f *manifests.File) bool {
-	if key, ok := u.req.Confirmed.Key(f); ok {
+	if key, ok := lookup(u.confirmed, f); ok {
 		// A confirmed object may live under a fresh key (see AvoidMarked).
 		f.Key = key
 		u.tally(func(r *Result) { r.FilesReused++ })

@@ -77,7 +77,7 @@ func TestConfirmedObjectsAreReusedAndOthersUploaded(t *testing.T) {
 	}
 	// Only 000001's object is confirmed (a retained manifest names it);
 	// 000002's object exists in storage but is not confirmed: upload again.
-	confirmed := uploader.NewConfirmed(1)
+	confirmed := uploader.NewConfirmed()
 	confirmed.Add(&first.Files[0])
 	c := &counting{Store: st}
 	res, err := uploader.Upload(context.Background(), uploader.Request{Store: c, Job: "job", Task: "t", Checkpoint: 2, Snapshot: sn, Confirmed: confirmed})
