@@ -81,3 +81,38 @@ func TestInspectRefusesAFileAddedAfterTheSyncPhase(t *testing.T) {
 		t.Fatalf("a file added after the sync phase passed inspection: %v", be)
 	}
 }
+
+// Inspect splits a large snapshot among threads: every file is stat'ed
+// into its place, and of two bad files the first in name order is named.
+func TestInspectOfALargeSnapshotChecksEveryFile(t *testing.T) {
+	const n = inspectSplit + 100
+	base := t.TempDir()
+	s, _ := Open(filepath.Join(base, "local"), "job")
+	snap := filepath.Join(base, "snap")
+	os.Mkdir(snap, 0o755)
+	for i := range n {
+		if err := os.WriteFile(filepath.Join(snap, fmt.Sprintf("%06d.sst", i)), make([]byte, i%7), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sn, err := s.Take("t", 1, snap, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sn.Inspect(); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range sn.Files {
+		if f.Name != fmt.Sprintf("%06d.sst", i) || f.Size != int64(i%7) || f.Ino != ino(t, sn.Path(f.Name)) {
+			t.Fatalf("file %d: %+v", i, f)
+		}
+	}
+	for _, i := range []int{n - 3, 10} {
+		p := sn.Path(fmt.Sprintf("%06d.sst", i))
+		os.Remove(p)
+		os.Symlink("/etc/passwd", p)
+	}
+	if be, ok := sn.Inspect().(*BadFileError); !ok || be.Name != "000010.sst" {
+		t.Fatalf("two symlinks slipped in: %v, want a BadFileError naming the first", be)
+	}
+}
