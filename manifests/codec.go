@@ -216,18 +216,24 @@ const (
 // table, and the SHA-256 of that body (quotes included), built in one
 // buffer of its final size.
 func appendEnvelope2(header, table []byte) []byte {
-	raw := make([]byte, 0, uvarintLen(uint64(len(header)))+len(header)+len(table))
-	raw = binary.AppendUvarint(raw, uint64(len(header)))
-	raw = append(raw, header...)
-	raw = append(raw, table...)
+	// The body's bytes are encoded in two parts, the second being the
+	// bulk of the table as it is: a first part of a length divisible by 3
+	// encodes to exactly the first characters of the whole.
+	head := make([]byte, 0, uvarintLen(uint64(len(header)))+len(header)+2)
+	head = binary.AppendUvarint(head, uint64(len(header)))
+	head = append(head, header...)
+	k := min((3-len(head)%3)%3, len(table))
+	head = append(head, table[:k]...)
 	out := make([]byte, envelope2Len(len(header), len(table)))
 	n := copy(out, envelope2Start)
 	sumAt := n
 	n += 2 * sha256.Size
 	n += copy(out[n:], envelope2Body)
 	bodyStart := n - 1 // the opening quote
-	base64.StdEncoding.Encode(out[n:], raw)
-	n += base64.StdEncoding.EncodedLen(len(raw))
+	base64.StdEncoding.Encode(out[n:], head)
+	n += base64.StdEncoding.EncodedLen(len(head))
+	base64.StdEncoding.Encode(out[n:], table[k:])
+	n += base64.StdEncoding.EncodedLen(len(table) - k)
 	n += copy(out[n:], envelope2End)
 	sum := sha256.Sum256(out[bodyStart : n-1]) // through the closing quote
 	hex.Encode(out[sumAt:], sum[:])
