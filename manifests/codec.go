@@ -71,7 +71,15 @@ func (m *Manifest) defaultKey(f File) string {
 // which no level compresses, so a higher level spends ~4x the time to
 // save ~3% of the bytes (see BenchmarkEncode).
 func (m *Manifest) encodeTable() ([]byte, error) {
-	raw := make([]byte, 0, 16+len(m.Files)*(hashLen+24))
+	// The table goes to the compressor a chunk at a time: memory holds
+	// the compressed table, not the raw one too.
+	var out bytes.Buffer
+	out.Grow(16 + len(m.Files)*(hashLen+8))
+	w, err := flate.NewWriter(&out, flate.BestSpeed)
+	if err != nil {
+		return nil, err
+	}
+	raw := make([]byte, 0, tableChunk+2*maxNameLen+hashLen+64)
 	raw = binary.AppendUvarint(raw, uint64(len(m.Files)))
 	prev := ""
 	var sum [hashLen]byte
@@ -120,12 +128,12 @@ func (m *Manifest) encodeTable() ([]byte, error) {
 		}
 		raw = append(raw, f.Inline...)
 		prev = f.Name
-	}
-	var out bytes.Buffer
-	out.Grow(len(raw) + len(raw)/16 + 64)
-	w, err := flate.NewWriter(&out, flate.BestSpeed)
-	if err != nil {
-		return nil, err
+		if len(raw) >= tableChunk {
+			if _, err := w.Write(raw); err != nil {
+				return nil, err
+			}
+			raw = raw[:0]
+		}
 	}
 	if _, err := w.Write(raw); err != nil {
 		return nil, err
@@ -135,6 +143,10 @@ func (m *Manifest) encodeTable() ([]byte, error) {
 	}
 	return out.Bytes(), nil
 }
+
+// tableChunk is how much of the raw file table encodeTable builds before
+// it hands it to the compressor.
+const tableChunk = 64 << 10
 
 // hasDefaultKey reports whether f.Key is m.defaultKey(f), without building
 // that key for a shared file.
