@@ -18,6 +18,7 @@ import (
 // again. A nil *Confirmed holds nothing. Adds must precede its use.
 type Confirmed struct {
 	sources [][]manifests.File
+	added   []manifests.File // by Add and AddID, after sources
 }
 
 // contentKey is what Confirmed indexes a content by.
@@ -36,8 +37,8 @@ func NewConfirmed() *Confirmed { return &Confirmed{} }
 func (c *Confirmed) AddFiles(files []manifests.File) { c.sources = append(c.sources, files) }
 
 // Add records the object of f, a file of a complete, retained manifest,
-// if f is shared.
-func (c *Confirmed) Add(f *manifests.File) { c.AddFiles([]manifests.File{*f}) }
+// if f is shared. Objects added so are looked at after those of AddFiles.
+func (c *Confirmed) Add(f *manifests.File) { c.added = append(c.added, *f) }
 
 // AddID records key as the object of the content id (manifests.ContentID
 // of a digest and a size); false, recording nothing, when id is malformed.
@@ -74,7 +75,7 @@ func (c *Confirmed) index(sizes map[int64]bool) map[contentKey]*manifests.File {
 		return nil
 	}
 	idx := map[contentKey]*manifests.File{}
-	for _, files := range c.sources {
+	add := func(files []manifests.File) {
 		for i := range files {
 			f := &files[i]
 			if f.Kind != manifests.Shared || f.Key == "" || (sizes != nil && !sizes[f.Size]) {
@@ -85,6 +86,10 @@ func (c *Confirmed) index(sizes map[int64]bool) map[contentKey]*manifests.File {
 			}
 		}
 	}
+	for _, files := range c.sources {
+		add(files)
+	}
+	add(c.added)
 	return idx
 }
 
