@@ -5,6 +5,7 @@ import (
 	"compress/flate"
 	"encoding/base64"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"flag"
 	"os"
@@ -372,6 +373,27 @@ func TestEncodeKnowsADefaultKeyWithoutBuildingIt(t *testing.T) {
 		}
 		if got, want := m.hasDefaultKey(&f), f.Key == m.defaultKey(f); got != want {
 			t.Fatalf("hasDefaultKey(%q) = %v, want %v", f.Key, got, want)
+		}
+	})
+}
+
+func TestEncodeDecodesHashesAsHexDoes(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		raw := rapid.SliceOfN(rapid.Byte(), hashLen, hashLen).Draw(t, "sum")
+		s := hex.EncodeToString(raw)
+		if rapid.Bool().Draw(t, "upper") {
+			s = strings.ToUpper(s)
+		}
+		if rapid.Bool().Draw(t, "spoil") {
+			i := rapid.IntRange(0, len(s)-1).Draw(t, "at")
+			c := rapid.SampledFrom([]byte{'g', 'G', 'x', ' ', 0, 0xff, '/', ':', '@', '`'}).Draw(t, "with")
+			s = s[:i] + string([]byte{c}) + s[i+1:]
+		}
+		want, err := hex.DecodeString(s)
+		var got [hashLen]byte
+		ok := decodeHash(&got, s)
+		if ok != (err == nil) || (ok && !bytes.Equal(got[:], want)) {
+			t.Fatalf("decodeHash(%q) = %x %v, hex says %x %v", s, got, ok, want, err)
 		}
 	})
 }
