@@ -301,6 +301,7 @@ func (a *Agent) run(ck *checkpoint) {
 		// waits for finish, then hangs up.
 		a.ended(ck, "completed", nil)
 		ck.c.send(ev)
+		a.local.RemoveDiscarded() // the previous local copy, now in the background
 		a.maybeSweep()
 		a.finish(ck, true)
 		return

@@ -102,3 +102,38 @@ func TestTheIdentitiesOfACompleteCopySurviveARestart(t *testing.T) {
 		})
 	}
 }
+
+// A completed checkpoint's older copy leaves the task at once, and its
+// files go when the agent says (after it answered completed), or at Wait.
+func TestCompleteLeavesTheRemovalOfOlderCopiesForLater(t *testing.T) {
+	base := t.TempDir()
+	s, _ := Open(filepath.Join(base, "local"), "job")
+	snap := filepath.Join(base, "snap")
+	write(t, snap, map[string]string{"000001.sst": "one", "CURRENT": "c"})
+	for n := uint64(1); n <= 2; n++ {
+		sn, err := link(t, s, "t", n, snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, enc := manifestFor(t, "t", n, snap, "000001.sst", "CURRENT")
+		if _, err := s.CompleteInspected("t", n, m, enc, sn.Files); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if nums, _ := s.checkpoints("t"); len(nums) != 1 || nums[0] != 2 {
+		t.Fatalf("the task holds %v, want [2]", nums)
+	}
+	s.pendingMu.Lock()
+	pending := append([]string(nil), s.pending...)
+	s.pendingMu.Unlock()
+	if len(pending) != 1 {
+		t.Fatalf("pending removals %v, want checkpoint 1's copy", pending)
+	}
+	if _, err := os.Stat(filepath.Join(pending[0], "000001.sst")); err != nil {
+		t.Fatalf("the discarded copy's files went before RemoveDiscarded: %v", err)
+	}
+	s.Wait()
+	if _, err := os.Stat(pending[0]); !os.IsNotExist(err) {
+		t.Fatalf("the discarded copy is still there after Wait: %v", err)
+	}
+}

@@ -50,6 +50,10 @@ type Store struct {
 	bg sync.WaitGroup
 	// trashSeq names discarded dirs uniquely.
 	trashSeq atomic.Uint64
+	// pending holds discarded dirs whose removal waits for
+	// RemoveDiscarded (see CompleteInspected).
+	pendingMu sync.Mutex
+	pending   []string
 }
 
 // trashDir holds discarded checkpoint dirs while they are removed in the
@@ -76,8 +80,33 @@ func Open(dir, job string) (*Store, error) {
 }
 
 // Wait waits for the removals of discarded checkpoint dirs that Discard
-// left running in the background.
-func (s *Store) Wait() { s.bg.Wait() }
+// left running in the background, starting those CompleteInspected left
+// pending first.
+func (s *Store) Wait() {
+	s.RemoveDiscarded()
+	s.bg.Wait()
+}
+
+// RemoveDiscarded starts, in the background, the removal of the copies
+// that CompleteInspected discarded (Wait waits for it): the agent calls it
+// once it has answered completed, so that thousands of unlinks do not
+// compete with the end of the checkpoint for the CPU.
+func (s *Store) RemoveDiscarded() {
+	s.pendingMu.Lock()
+	dirs := s.pending
+	s.pending = nil
+	s.pendingMu.Unlock()
+	if len(dirs) == 0 {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		for _, d := range dirs {
+			os.RemoveAll(d) // what fails here goes at the next Open
+		}
+	}()
+}
 
 // Root is the job's directory in the local store.
 func (s *Store) Root() string { return s.root }
@@ -489,6 +518,7 @@ func copyFile(from, to string) error {
 // checkpoints. Checkpoints newer than n (in flight) are kept. It returns
 // the complete local checkpoint.
 func (s *Store) Complete(task string, n uint64, m *manifests.Manifest, manifest []byte) (*Local, error) {
+	defer s.RemoveDiscarded()
 	return s.CompleteInspected(task, n, m, manifest, nil)
 }
 
@@ -496,7 +526,9 @@ func (s *Store) Complete(task string, n uint64, m *manifests.Manifest, manifest 
 // (Snapshot.Files) before they were hashed and uploaded: their identities
 // then are the ones recorded, without a stat of every file again. A file
 // written since has another mtime, so it can only fail the identity check
-// later and be hashed, never pass it.
+// later and be hashed, never pass it. The older copies leave the task at
+// once, but their files are removed only from RemoveDiscarded (or Wait)
+// on.
 func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, manifest []byte, inspected []File) (*Local, error) {
 	if m.Task != task || m.Checkpoint != n {
 		return nil, fmt.Errorf("local store: manifest of %s checkpoint %d recorded as %s checkpoint %d", m.Task, m.Checkpoint, task, n)
@@ -556,7 +588,7 @@ func (s *Store) CompleteInspected(task string, n uint64, m *manifests.Manifest, 
 	}
 	for _, old := range nums {
 		if old < n {
-			if err := s.Discard(task, old); err != nil {
+			if err := s.discard(task, old, true); err != nil {
 				return nil, err
 			}
 		}
@@ -611,7 +643,11 @@ func (s *Store) Readopt(task string, m *manifests.Manifest, encoded []byte, dir 
 // leaves the task at once (one rename); the thousands of unlinks of its
 // files run in the background (Wait waits for them), off the path of the
 // checkpoint that completed.
-func (s *Store) Discard(task string, n uint64) error {
+func (s *Store) Discard(task string, n uint64) error { return s.discard(task, n, false) }
+
+// discard is Discard; with later, the removal of the files waits for
+// RemoveDiscarded.
+func (s *Store) discard(task string, n uint64, later bool) error {
 	// The manifest goes first: without it the directory is only debris.
 	if err := os.Remove(s.manifestPath(task, n)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("local store: %w", err)
@@ -627,6 +663,11 @@ func (s *Store) Discard(task string, n uint64) error {
 		err = os.Rename(dir, gone)
 	}
 	switch {
+	case err == nil && later:
+		s.pendingMu.Lock()
+		s.pending = append(s.pending, gone)
+		s.pendingMu.Unlock()
+		return nil
 	case err == nil:
 		s.bg.Add(1)
 		go func() {
