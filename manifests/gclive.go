@@ -59,8 +59,14 @@ func markHash(key string) [2]uint64 {
 	return [2]uint64{maphash.String(markSeeds[0], key), maphash.String(markSeeds[1], key)}
 }
 
-func (s markedSet) add(key string)      { s[markHash(key)] = struct{}{} }
-func (s markedSet) has(key string) bool { _, ok := s[markHash(key)]; return ok }
+func (s markedSet) add(key string) { s[markHash(key)] = struct{}{} }
+func (s markedSet) has(key string) bool {
+	if len(s) == 0 {
+		return false // nothing marked: no hash to compute
+	}
+	_, ok := s[markHash(key)]
+	return ok
+}
 
 // join adds the members of o to s.
 func (s markedSet) join(o markedSet) {
