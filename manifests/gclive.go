@@ -1,6 +1,9 @@
 package manifests
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"slices"
+)
 
 // keySet is a set of keys kept as 128-bit hashes of the keys (two 64-bit
 // maphash values with independent seeds), 16 bytes a key instead of the
@@ -25,23 +28,60 @@ func (k *keySet) add(key string)      { k.m[k.hash(key)] = struct{}{} }
 func (k *keySet) has(key string) bool { _, ok := k.m[k.hash(key)]; return ok }
 
 // liveSet is GC's live set: the keys retained manifests name, kept as a
-// 64-bit maphash each (about 10 to 20 bytes a key in the map), so that the
-// live set of a job of millions of objects is a few MB. A false member is
-// an unreferenced object GC keeps: the error is only ever on the safe side
-// (never a live object deleted), and with a fresh random seed per
-// collection it does not repeat. At a million live keys, a given garbage
-// object is kept by mistake with probability about 5e-14.
+// 64-bit maphash each in a slice that is sorted and rid of duplicates when
+// it fills and once every key is in (8 bytes a live key, about half of a
+// map's), so that the live set of a job of a million objects is a few MB.
+// A false member is an unreferenced object GC keeps: the error is only
+// ever on the safe side (never a live object deleted), and with a fresh
+// random seed per collection it does not repeat. At a million live keys,
+// a given garbage object is kept by mistake with probability about 5e-14.
+// Keys are added first, then asked about.
 type liveSet struct {
-	seed maphash.Seed
-	m    map[uint64]struct{}
+	seed   maphash.Seed
+	h      []uint64
+	sorted bool // h is sorted, without duplicates
 }
 
-func newLiveSet() *liveSet { return &liveSet{seed: maphash.MakeSeed(), m: map[uint64]struct{}{}} }
+func newLiveSet() *liveSet { return &liveSet{seed: maphash.MakeSeed()} }
 
-// add adds a key held as bytes; has asks for one held as a string, which
-// hashes the same (maphash.Bytes and maphash.String agree).
-func (l *liveSet) add(key []byte)      { l.m[maphash.Bytes(l.seed, key)] = struct{}{} }
-func (l *liveSet) has(key string) bool { _, ok := l.m[maphash.String(l.seed, key)]; return ok }
+// liveCompactFrom is the size from which a full live set is compacted
+// before it grows: below it, append's growth is cheaper than sorting.
+const liveCompactFrom = 1 << 16
+
+// add adds a key held as bytes.
+func (l *liveSet) add(key []byte) {
+	if len(l.h) == cap(l.h) && len(l.h) >= liveCompactFrom {
+		l.compact()
+		if len(l.h) > cap(l.h)/2 { // mostly distinct keys: room for as many again
+			h := make([]uint64, len(l.h), 2*len(l.h))
+			copy(h, l.h)
+			l.h = h
+		}
+	}
+	l.h = append(l.h, maphash.Bytes(l.seed, key))
+	l.sorted = false
+}
+
+// compact sorts the hashes and drops duplicates.
+func (l *liveSet) compact() {
+	slices.Sort(l.h)
+	l.h = slices.Compact(l.h)
+	l.sorted = true
+}
+
+// has asks for a key held as a string, which hashes as the same bytes do
+// (maphash.Bytes and maphash.String agree). The first call after adds
+// compacts the set, and gives back the room it no longer needs.
+func (l *liveSet) has(key string) bool {
+	if !l.sorted {
+		l.compact()
+		if cap(l.h)-len(l.h) > len(l.h)/4 {
+			l.h = slices.Clone(l.h)
+		}
+	}
+	_, ok := slices.BinarySearch(l.h, maphash.String(l.seed, key))
+	return ok
+}
 
 // markSeeds hash the candidates of GC's marks, the same in every mark a
 // process reads, so that the sets of many marks can be joined.

@@ -156,3 +156,32 @@ func TestGCStopsOnAFailedDeleteAndKeepsItsMarks(t *testing.T) {
 		t.Fatalf("%d shared objects left after the next collection (%+v), want the live one", left, rep)
 	}
 }
+
+// TestLiveSetKeepsEveryKeyAcrossCompactions: a live set larger than the
+// size from which it compacts, every key added twice, still has each key
+// and no other.
+func TestLiveSetKeepsEveryKeyAcrossCompactions(t *testing.T) {
+	l := newLiveSet()
+	n := 3 * liveCompactFrom
+	key := func(i int) []byte { return []byte(fmt.Sprintf("job/shared/%02x/b3-%064d-%d", i%256, i, i)) }
+	for round := range 2 {
+		for i := range n {
+			if i%2 == round%2 || round == 1 {
+				l.add(key(i))
+			}
+		}
+	}
+	for i := range n {
+		if !l.has(string(key(i))) {
+			t.Fatalf("key %d is missing", i)
+		}
+	}
+	for i := n; i < 2*n; i++ {
+		if l.has(string(key(i))) {
+			t.Fatalf("key %d, never added, is a member", i)
+		}
+	}
+	if len(l.h) != n || cap(l.h) > n+n/4 {
+		t.Fatalf("%d hashes in room for %d, want %d without duplicates", len(l.h), cap(l.h), n)
+	}
+}
