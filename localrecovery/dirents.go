@@ -93,21 +93,8 @@ func direntKind(typ uint8) string {
 }
 
 // modeKind is direntKind for the st_mode of an fstatat(2), for the
-// filesystems that leave d_type unknown.
+// filesystems that leave d_type unknown: on Linux a d_type is the file type
+// bits of st_mode shifted down by 12 (DT_REG is S_IFREG>>12, and so on).
 func modeKind(mode uint32) string {
-	switch mode & unix.S_IFMT {
-	case unix.S_IFREG:
-		return ""
-	case unix.S_IFLNK:
-		return "is a symlink"
-	case unix.S_IFDIR:
-		return "is a directory"
-	case unix.S_IFBLK, unix.S_IFCHR:
-		return "is a device"
-	case unix.S_IFSOCK:
-		return "is a socket"
-	case unix.S_IFIFO:
-		return "is a named pipe"
-	}
-	return "is not a regular file"
+	return direntKind(uint8((mode & unix.S_IFMT) >> 12))
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // A snapshot dir larger than one read of its entries: every file is
@@ -114,5 +116,20 @@ func TestInspectOfALargeSnapshotChecksEveryFile(t *testing.T) {
 	}
 	if be, ok := sn.Inspect().(*BadFileError); !ok || be.Name != "000010.sst" {
 		t.Fatalf("two symlinks slipped in: %v, want a BadFileError naming the first", be)
+	}
+}
+
+// TestModeKindAgreesWithDirentKind: every file type reads the same from a
+// d_type and from an st_mode.
+func TestModeKindAgreesWithDirentKind(t *testing.T) {
+	pairs := map[uint32]uint8{unix.S_IFREG: unix.DT_REG, unix.S_IFLNK: unix.DT_LNK, unix.S_IFDIR: unix.DT_DIR,
+		unix.S_IFBLK: unix.DT_BLK, unix.S_IFCHR: unix.DT_CHR, unix.S_IFSOCK: unix.DT_SOCK, unix.S_IFIFO: unix.DT_FIFO}
+	for mode, typ := range pairs {
+		if got, want := modeKind(mode|0o644), direntKind(typ); got != want {
+			t.Errorf("mode %o: %q, d_type %d: %q", mode, got, typ, want)
+		}
+	}
+	if modeKind(unix.S_IFREG|0o600) != "" || modeKind(unix.S_IFLNK) == "" {
+		t.Error("a regular file must read as one, a symlink not")
 	}
 }
