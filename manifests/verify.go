@@ -88,53 +88,15 @@ func identity(f File) string {
 // and digest; it returns a problem for every file of m naming a bad
 // object, read now or before. err is only for failures to run at all.
 func (v *Verifier) Check(ctx context.Context, m *Manifest) ([]Problem, error) {
-	var todo []int // indexes into m.Files of objects read now
-	var ids []string
-	for i, f := range m.Files {
-		if f.Key == "" {
-			continue // inline: checked with the manifest's own checksum
+	problems, _, err := v.check(ctx, m.Task, m.Checkpoint, func(fn func(File) error) error {
+		for _, f := range m.Files {
+			if err := fn(f); err != nil {
+				return err
+			}
 		}
-		id := identity(f)
-		if v.checked.has(id) {
-			continue
-		}
-		v.checked.add(id)
-		todo = append(todo, i)
-		ids = append(ids, id)
-	}
-	msgs := make([]string, len(todo))
-	read := make([]int64, len(todo))
-	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(v.parallelism)
-	for j, i := range todo {
-		g.Go(func() error {
-			read[j], msgs[j] = checkObject(gctx, v.s, m.Files[i])
-			return gctx.Err()
-		})
-	}
-	if err := g.Wait(); err != nil {
-		return nil, err
-	}
-	for j := range todo {
-		v.Bytes += read[j]
-		if msgs[j] != "" {
-			v.bad[ids[j]] = msgs[j]
-		}
-	}
-	v.Objects += len(todo)
-	var problems []Problem
-	if len(v.bad) == 0 {
-		return nil, nil
-	}
-	for _, f := range m.Files {
-		if f.Key == "" {
-			continue
-		}
-		if msg, ok := v.bad[identity(f)]; ok {
-			problems = append(problems, Problem{Task: m.Task, Checkpoint: m.Checkpoint, File: f.Name, Key: f.Key, Problem: msg})
-		}
-	}
-	return problems, nil
+		return nil
+	})
+	return problems, err
 }
 
 // CheckRef is Check for the manifest ref names, read from v's store and
@@ -153,15 +115,34 @@ func (v *Verifier) CheckRef(ctx context.Context, job string, ref Ref) ([]Problem
 		}
 		return unusable(err), nil
 	}
+	problems, werr, err := v.check(ctx, ref.Task, ref.Checkpoint, func(fn func(File) error) error {
+		_, _, err := walkStored(data, key, job, ref, func(fv *FileView) error { return fn(fv.File()) })
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if werr != nil {
+		problems = append(unusable(werr), problems...)
+	}
+	return problems, nil
+}
+
+// check reads the objects of the files each hands to its function that v
+// has not read before, up to v.parallelism at once, then returns a problem
+// for every file naming a bad object, read now or before (each is called
+// a second time for those, only when v knows a bad object). walkErr is
+// each's own error (a manifest found unusable part way), err a failure to
+// run at all.
+func (v *Verifier) check(ctx context.Context, task string, n uint64, each func(func(File) error) error) (problems []Problem, walkErr, err error) {
 	var mu sync.Mutex
 	var read int64
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(v.parallelism)
-	_, _, werr := walkStored(data, key, job, ref, func(fv *FileView) error {
-		if len(fv.Key) == 0 {
+	walkErr = each(func(f File) error {
+		if f.Key == "" {
 			return nil // inline: checked with the manifest's own checksum
 		}
-		f := fv.File()
 		id := identity(f)
 		if v.checked.has(id) {
 			return nil
@@ -181,32 +162,22 @@ func (v *Verifier) CheckRef(ctx context.Context, job string, ref Ref) ([]Problem
 		return gctx.Err()
 	})
 	if err := g.Wait(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if ctx.Err() != nil {
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 	v.Bytes += read
-	problems := []Problem(nil)
-	if werr != nil {
-		problems = unusable(werr)
-	}
 	if len(v.bad) == 0 {
-		return problems, nil
+		return nil, walkErr, nil
 	}
-	// The files of this manifest that name a bad object, read now or
-	// before: a second walk of the manifest still in memory.
-	_, _, _ = walkStored(data, key, job, ref, func(fv *FileView) error {
-		if len(fv.Key) == 0 {
-			return nil
-		}
-		f := fv.File()
-		if msg, ok := v.bad[identity(f)]; ok {
-			problems = append(problems, Problem{Task: ref.Task, Checkpoint: ref.Checkpoint, File: f.Name, Key: f.Key, Problem: msg})
+	each(func(f File) error {
+		if msg, ok := v.bad[identity(f)]; ok && f.Key != "" {
+			problems = append(problems, Problem{Task: task, Checkpoint: n, File: f.Name, Key: f.Key, Problem: msg})
 		}
 		return nil
 	})
-	return problems, nil
+	return problems, walkErr, nil
 }
 
 func checkObject(ctx context.Context, s storage.Store, f File) (int64, string) {
