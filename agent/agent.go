@@ -727,18 +727,20 @@ func (a *Agent) handle(ctx context.Context, c *conn, req protocol.Request) {
 		return
 	}
 	switch req.Op {
-	case "hello":
+	case protocol.OpHello:
 		c.send(protocol.Event{Event: "hello", ID: req.ID, Protocol: protocol.ProtocolVersion, Version: a.cfg.Version})
-	case "status":
+	case protocol.OpStatus:
 		c.send(protocol.Event{Event: "status", ID: req.ID, Tasks: a.status(req.Task)})
-	case "checkpoint":
+	case protocol.OpCheckpoint:
 		a.checkpoint(c, req)
-	case "abort":
+	case protocol.OpAbort:
 		a.abort(c, req)
-	case "restore":
+	case protocol.OpRestore:
 		a.restore(ctx, c, req)
-	case "follow":
+	case protocol.OpFollow:
 		a.follow(c, req)
+	default: // DecodeRequest lets no other op through
+		c.send(protocol.Event{Event: "error", ID: req.ID, Error: errorf(protocol.CodeInternal, "op %q has no handler", req.Op)})
 	}
 }
 

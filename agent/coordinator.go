@@ -900,7 +900,7 @@ func ownError(req protocol.Request, err error) *protocol.Error {
 	case errors.Is(err, manifests.ErrOwnedElsewhere):
 		return errorf(protocol.CodeConflict, "%v", err)
 	case errors.Is(err, manifests.ErrFenced):
-		if req.Checkpoint != 0 && req.Op != "restore" {
+		if req.Checkpoint != 0 && req.Op != protocol.OpRestore {
 			return errorf(protocol.CodeConflict, "checkpoint %d of task %s: %v", req.Checkpoint, req.Task, err)
 		}
 		return errorf(protocol.CodeConflict, "task %s: %v", req.Task, err)

@@ -140,7 +140,8 @@ func (s *session) request(op string, req protocol.Request) *conn {
 func (c *conn) peer() Peer { return c.s.peer }
 
 func (c *conn) send(ev protocol.Event) {
-	final := !(c.op == "checkpoint" && ev.Event == "synced")
+	spec, _ := protocol.LookupOp(protocol.Op(c.op))
+	final := spec.Interim == "" || ev.Event != spec.Interim
 	c.mu.Lock()
 	first := !c.answered
 	c.answered = true
@@ -163,14 +164,11 @@ func (c *conn) send(ev protocol.Event) {
 	}
 }
 
-// ops are the label values of ckpt_requests_total's op: a peer must not be
-// able to mint new series.
-var ops = map[string]bool{"hello": true, "status": true, "checkpoint": true, "abort": true, "restore": true, "follow": true}
-
-// metricOp is req's op as a metric label.
-func metricOp(op string) string {
-	if ops[op] {
-		return op
+// metricOp is req's op as a label value of ckpt_requests_total: an op of
+// the table, or "invalid", so that a peer cannot mint new series.
+func metricOp(op protocol.Op) string {
+	if op.Known() {
+		return string(op)
 	}
 	return "invalid"
 }
@@ -362,6 +360,6 @@ func (a *Agent) serveConn(ctx context.Context, s *session) {
 			s.request(metricOp(req.Op), req).send(protocol.Event{Event: "error", ID: req.ID, Error: perr})
 			continue
 		}
-		a.handle(ctx, s.request(req.Op, req), req)
+		a.handle(ctx, s.request(string(req.Op), req), req)
 	}
 }

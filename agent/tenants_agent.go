@@ -133,7 +133,7 @@ func (a *Agent) tenantOf(p Peer, credErr error) (*Agent, *protocol.Error) {
 // and, in node-agent mode, a task outside the tenant's pattern are
 // forbidden. Directories are confined by resolveDir.
 func (a *Agent) permit(req protocol.Request) *protocol.Error {
-	if req.Op == "hello" {
+	if spec, _ := protocol.LookupOp(req.Op); !spec.Scoped {
 		return nil
 	}
 	if req.Job != "" && req.Job != a.cfg.Job {
@@ -152,8 +152,8 @@ func (a *Agent) permit(req protocol.Request) *protocol.Error {
 // answer with failed, else error.
 func refused(req protocol.Request, e *protocol.Error) protocol.Event {
 	ev := "error"
-	if req.Op == "checkpoint" || req.Op == "restore" {
-		ev = "failed"
+	if spec, ok := protocol.LookupOp(req.Op); ok {
+		ev = spec.Refusal
 	}
 	return protocol.Event{Event: ev, ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: e}
 }

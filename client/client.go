@@ -224,14 +224,14 @@ func (c *Client) call(ctx context.Context, req protocol.Request) (Event, error) 
 // Hello returns the agent's hello event: Protocol is its protocol version
 // (protocol.ProtocolVersion for this package) and Version its version.
 func (c *Client) Hello(ctx context.Context) (Event, error) {
-	return c.call(ctx, protocol.Request{Op: "hello"})
+	return c.call(ctx, protocol.Request{Op: protocol.OpHello})
 }
 
 // Status returns the agent's status event: Tasks holds the task named,
 // or every task the agent knows when task is "". An error event (a
 // bad_request for an invalid name) is returned as an *Error.
 func (c *Client) Status(ctx context.Context, task string) (Event, error) {
-	return c.call(ctx, protocol.Request{Op: "status", Task: task})
+	return c.call(ctx, protocol.Request{Op: protocol.OpStatus, Task: task})
 }
 
 // Abort asks the agent to stop checkpoint n of task, which must be in
@@ -240,7 +240,7 @@ func (c *Client) Status(ctx context.Context, task string) (Event, error) {
 // (not_found) or one that completed first (conflict) is returned as an
 // *Error.
 func (c *Client) Abort(ctx context.Context, task string, n uint64) (Event, error) {
-	return c.call(ctx, protocol.Request{Op: "abort", Task: task, Checkpoint: n})
+	return c.call(ctx, protocol.Request{Op: protocol.OpAbort, Task: task, Checkpoint: n})
 }
 
 // ErrAborted is returned by Pending.Wait for a checkpoint that was aborted.
@@ -267,7 +267,7 @@ func (c *Client) Checkpoint(ctx context.Context, task string, n uint64, dir stri
 // Send sends r as a checkpoint request and returns once the agent answers
 // synced; see Checkpoint. With r.Handoff the agent takes r.Dir over.
 func (c *Client) Send(ctx context.Context, r Request) (*Pending, error) {
-	r.Op, r.Target = "checkpoint", ""
+	r.Op, r.Target = protocol.OpCheckpoint, ""
 	id, ch, err := c.send(r)
 	if err != nil {
 		return nil, err

@@ -7,8 +7,8 @@
 // given, is echoed on every event that answers it. The wire names and
 // fields are part of ckpt's public interface and do not change.
 //
-// The package depends on the standard library only, so that apps can
-// speak the protocol (through package client or on their own) without
+// The package depends on the standard library and internal/names (the
+// task and job name rules) only, so that apps can speak the protocol (through package client or on their own) without
 // pulling in storage, engines or telemetry.
 package protocol
 
@@ -17,8 +17,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
 	"github.com/ckpt-io/ckpt/internal/names"
-	"path/filepath"
 )
 
 // ProtocolVersion is the protocol version this package speaks; the agent
@@ -67,11 +67,11 @@ func Errorf(code, format string, args ...any) *Error {
 }
 
 // Request is one request line from a client. Op says which request it is
-// (hello, checkpoint, abort, status or restore); the other fields are the
-// op's arguments and are omitted from the line when empty.
+// (a row of the table of ops, see Ops); the other fields are the op's
+// arguments and are omitted from the line when empty.
 type Request struct {
-	// Op is the request: hello, checkpoint, abort, status or restore.
-	Op string `json:"op"`
+	// Op is the request: one of the ops of the table (see Ops).
+	Op Op `json:"op"`
 	// ID, when set, is echoed on every event answering the request. On
 	// the wire it is a string or a number; DecodeRequest keeps a number
 	// as a json.Number, so that it is echoed exactly as sent.
@@ -151,74 +151,20 @@ func DecodeRequest(line []byte) (Request, *Error) {
 	default:
 		return r, Errorf(CodeBadRequest, "id must be a string or a number")
 	}
-	needTask := func() *Error {
-		if err := names.Valid("task", r.Task); err != nil {
-			return Errorf(CodeBadRequest, "%v", err)
-		}
-		return nil
-	}
-	needCheckpoint := func() *Error {
-		if r.Checkpoint == 0 {
-			return Errorf(CodeBadRequest, "checkpoint must be a positive integer")
-		}
-		if r.Checkpoint > 1<<62 {
-			return Errorf(CodeBadRequest, "checkpoint %d is too large", r.Checkpoint)
-		}
-		return nil
-	}
-	if r.Job != "" && r.Op != "hello" {
+	if r.Job != "" && r.Op != OpHello {
 		if err := names.Valid("job", r.Job); err != nil {
 			return r, Errorf(CodeBadRequest, "%v", err)
 		}
 	}
-	switch r.Op {
-	case "hello":
-	case "status":
-		if r.Task != "" {
-			return r, needTask()
-		}
-	case "checkpoint":
-		if err := needTask(); err != nil {
-			return r, err
-		}
-		if err := needCheckpoint(); err != nil {
-			return r, err
-		}
-		if !filepath.IsAbs(r.Dir) {
-			return r, Errorf(CodeBadRequest, "dir must be an absolute path, got %q", r.Dir)
-		}
-		if len(r.Engine) > 64 {
-			return r, Errorf(CodeBadRequest, "engine name too long")
-		}
-		if r.Tasks != nil {
-			if err := names.CheckTasks(r.Task, r.Tasks); err != nil {
-				return r, Errorf(CodeBadRequest, "%v", err)
-			}
-		}
-		if r.TimeoutMS > MaxTimeoutMS {
-			return r, Errorf(CodeBadRequest, "timeout_ms %d is too large (at most %d, a week)", r.TimeoutMS, uint64(MaxTimeoutMS))
-		}
-	case "abort":
-		if err := needTask(); err != nil {
-			return r, err
-		}
-		return r, needCheckpoint()
-	case "restore":
-		if err := needTask(); err != nil {
-			return r, err
-		}
-		if !filepath.IsAbs(r.Target) {
-			return r, Errorf(CodeBadRequest, "target must be an absolute path, got %q", r.Target)
-		}
-		if r.JobConsistent && r.Checkpoint != 0 {
-			return r, Errorf(CodeBadRequest, "job_consistent picks the checkpoint: do not give checkpoint too")
-		}
-	case "follow":
-		return r, needTask()
-	case "":
-		return r, Errorf(CodeBadRequest, `missing "op" (one of hello, checkpoint, abort, status, restore, follow)`)
-	default:
-		return r, Errorf(CodeBadRequest, "unknown op %q (one of hello, checkpoint, abort, status, restore, follow)", r.Op)
+	if r.Op == "" {
+		return r, Errorf(CodeBadRequest, `missing "op" (one of %s)`, opNames())
+	}
+	spec, ok := LookupOp(r.Op)
+	if !ok {
+		return r, Errorf(CodeBadRequest, "unknown op %q (one of %s)", r.Op, opNames())
+	}
+	if spec.check != nil {
+		return r, spec.check(&r)
 	}
 	return r, nil
 }

@@ -3,6 +3,7 @@ package protocol
 import (
 	"github.com/ckpt-io/ckpt/internal/names"
 	"os/exec"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -148,5 +149,54 @@ func TestDecodeRequestChecksTheTasksList(t *testing.T) {
 	}
 	if _, err := DecodeRequest([]byte(`{"op":"restore","task":"t","target":"/x","job_consistent":true,"checkpoint":3}`)); err == nil {
 		t.Errorf("job_consistent with a checkpoint: accepted")
+	}
+}
+
+// The table of ops names only fields a Request has, and every field of a
+// Request is read by some op: a field added to one and not the other is
+// caught here.
+func TestOpTableFieldsAreRequestFields(t *testing.T) {
+	tags := map[string]bool{}
+	rt := reflect.TypeOf(Request{})
+	for i := range rt.NumField() {
+		name, _, _ := strings.Cut(rt.Field(i).Tag.Get("json"), ",")
+		tags[name] = true
+	}
+	read := map[string]bool{"op": true, "id": true}
+	seen := map[Op]bool{}
+	for _, spec := range Ops() {
+		if seen[spec.Op] {
+			t.Errorf("op %s has two rows", spec.Op)
+		}
+		seen[spec.Op] = true
+		if spec.Final == "" || (spec.Refusal != "error" && spec.Refusal != "failed") {
+			t.Errorf("op %s: final event %q, refusal %q", spec.Op, spec.Final, spec.Refusal)
+		}
+		for _, f := range spec.Fields {
+			if !tags[f] {
+				t.Errorf("op %s reads field %q, which Request does not have", spec.Op, f)
+			}
+			read[f] = true
+		}
+	}
+	for tag := range tags {
+		if !read[tag] {
+			t.Errorf("Request field %q is read by no op of the table", tag)
+		}
+	}
+}
+
+// Every op of the table is decoded, and an op outside it is refused
+// naming the ops there.
+func TestDecodeRequestKnowsExactlyTheOpsOfTheTable(t *testing.T) {
+	for _, spec := range Ops() {
+		_, err := DecodeRequest([]byte(`{"op":"` + string(spec.Op) + `"}`))
+		if err != nil && strings.Contains(err.Message, "unknown op") {
+			t.Errorf("op %s of the table is refused as unknown: %v", spec.Op, err)
+		}
+	}
+	_, err := DecodeRequest([]byte(`{"op":"snapshot"}`))
+	if err == nil || !strings.Contains(err.Message, "unknown op") || !strings.Contains(err.Message, string(OpFollow)) {
+		t.Errorf("an op outside the table: %v, want unknown op naming the table's ops", err)
 	}
 }
