@@ -8,8 +8,9 @@
 // fields are part of ckpt's public interface and do not change.
 //
 // The package depends on the standard library and internal/names (the
-// task and job name rules) only, so that apps can speak the protocol (through package client or on their own) without
-// pulling in storage, engines or telemetry.
+// task and job name rules) only, so that apps can speak the protocol
+// (through package client or on their own) without pulling in storage,
+// engines or telemetry.
 package protocol
 
 import (
