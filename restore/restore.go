@@ -1,7 +1,8 @@
 // Package restore rebuilds a task's store from a complete checkpoint: from
 // the task-local copy where it is present and verifies, from storage for
 // every other file. Every file is checked against the manifest's size and
-// SHA-256 before the restore succeeds, and the target appears whole or not
+// content hash (SHA-256 in format 1 manifests, BLAKE3 for files format 2
+// added) before the restore succeeds, and the target appears whole or not
 // at all: files land in a temporary directory beside it, are fsynced, and
 // the directory is renamed into place only when every file verified.
 package restore
@@ -722,7 +723,7 @@ func isEmptyOrAbsent(parent *os.File, target string) (bool, error) {
 }
 
 // fromLocal takes a file from the local copy if it is there and matches
-// the manifest: its bytes hash to the manifest's SHA-256, or, with
+// the manifest: its bytes hash to the manifest's hash, or, with
 // trustUnchanged, it is still the inode its checkpoint completed with.
 // Shared files are hard-linked (copied across devices); private files are
 // copied, since the engine may append to them. Everything is relative to
@@ -867,7 +868,7 @@ func writeVerified(dir *os.File, name string, r io.Reader, f manifests.File, pro
 }
 
 // verifier checks a file's bytes against the manifest: its size and its
-// content hash (SHA-256). Every restored byte, local or remote, whole or
+// content hash (SHA-256 or BLAKE3, as the manifest says). Every restored byte, local or remote, whole or
 // in pieces, goes through one; it is the one place that knows the hash.
 type verifier struct {
 	f manifests.File

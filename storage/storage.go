@@ -1,5 +1,6 @@
 // Package storage defines the object store every ckpt backend implements
-// (file://, s3://, gs://) and the URL registry that opens them.
+// (file://, s3://, gs:// built in; az:// and others through storage
+// plugins) and the URL registry that opens them.
 //
 // The interface is deliberately small. Cross-cutting concerns (retries,
 // bandwidth limits, metrics, fault injection) are decorators that wrap a

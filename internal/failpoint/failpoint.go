@@ -3,7 +3,7 @@
 // step, the disk-fault suite makes a filesystem call fail there.
 //
 // Production builds compile every call to nothing (this file). A build
-// with the tag ckpt_failpoints (see failpoint_on.go) arms them from the
+// with the tag ckpt_failpoints (see on.go) arms them from the
 // environment:
 //
 //	CKPT_FAILPOINT=name[=action][,name[=action]...]

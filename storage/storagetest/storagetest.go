@@ -1,5 +1,8 @@
 // Package storagetest is the conformance suite every storage backend runs:
-// the same test functions against file://, S3 and GCS, so that the
+// the same test functions against file:// (storage/file), S3 on versitygw
+// (storage/s3), GCS on fake-gcs-server (storage/gs), Azure Blob on Azurite
+// through the azblob plugin, any store served through the plugin boundary
+// (plugins), and the decorators (retry, ratelimit, metered), so that the
 // contract documented on storage.Store holds for each of them.
 package storagetest
 
