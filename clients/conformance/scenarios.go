@@ -29,7 +29,13 @@ var (
 	evRestored = protocol.Event{Event: "restored", Restored: &protocol.Restored{Restored: true, Task: "t1", Checkpoint: 6,
 		Files: 3, Bytes: 300, BytesLocal: 200, BytesRemote: 100, FilesLocal: 2, FilesRemote: 1,
 		LocalVerification: "sha256", DurationMS: 12, Target: "/data/restored"}}
-	evFollowing = protocol.Event{Event: "following", Task: "t9"}
+	evRestoreFailed = protocol.Event{Event: "failed", Task: "t1", Checkpoint: 5, Error: protocol.Errorf(protocol.CodeNotFound, "no checkpoint 5")}
+	evFollowing     = protocol.Event{Event: "following", Task: "t9"}
+	// evInvalid answers a request the agent cannot decode or that is
+	// invalid: an error event with no task or checkpoint.
+	evInvalid = protocol.Event{Event: "error", Error: protocol.Errorf(protocol.CodeBadRequest, "checkpoint must be a positive integer")}
+	// evRefused is the agent refusing a connection: no id, then it closes.
+	evRefused = protocol.Event{Event: "error", ID: noID, Error: protocol.Errorf(protocol.CodeForbidden, "uid 1000 gid 1000 may not use this agent")}
 )
 
 // failedEv is a failed event for checkpoint 7 of t1 with code.
@@ -149,7 +155,7 @@ var scenarios = func() []scenario {
 			return seq(
 				func() error { return r.call(ckptMinCall) },
 				func() error { return r.expect(ckptMinReq) },
-				func() error { return r.reply(errorEv("t1", 7, protocol.CodeBadRequest)) },
+				func() error { return r.reply(evInvalid) },
 				func() error { return r.wantError("agent", protocol.CodeBadRequest) },
 			)
 		}),
@@ -194,7 +200,9 @@ var scenarios = func() []scenario {
 				func() error {
 					return r.call(map[string]any{"call": "restore", "task": "t1", "target": "/data/restored"})
 				},
-				func() error { return r.expect(map[string]any{"op": "restore", "task": "t1", "target": "/data/restored"}) },
+				func() error {
+					return r.expect(map[string]any{"op": "restore", "task": "t1", "target": "/data/restored"})
+				},
 				func() error { return r.reply(evRestored) },
 				func() error {
 					return r.wantEvent("restored", map[string]any{"restored": true, "checkpoint": 6, "files": 3, "bytes": 300, "target": "/data/restored"})
@@ -206,7 +214,7 @@ var scenarios = func() []scenario {
 					return r.expect(map[string]any{"op": "restore", "task": "t1", "target": "/data/r2", "checkpoint": 5})
 				},
 				func() error {
-					return r.reply(protocol.Event{Event: "failed", Task: "t1", Checkpoint: 5, Error: protocol.Errorf(protocol.CodeNotFound, "no checkpoint 5")})
+					return r.reply(evRestoreFailed)
 				},
 				func() error { return r.wantError("agent", protocol.CodeNotFound) },
 			)
@@ -287,7 +295,7 @@ var scenarios = func() []scenario {
 				r.listen,
 				r.connect,
 				func() error {
-					err := r.reply(protocol.Event{Event: "error", ID: noID, Error: protocol.Errorf(protocol.CodeForbidden, "uid 1000 gid 1000 may not use this agent")})
+					err := r.reply(evRefused)
 					r.hangup()
 					return err
 				},
