@@ -32,7 +32,8 @@ func clientsDir(t *testing.T) string {
 }
 
 // need skips the test under -short and when a tool is missing
-// (scripts/deps.sh installs them).
+// (scripts/deps.sh installs them); with CKPT_REQUIRE_CLIENTS=1, as
+// scripts/test.sh sets it, a missing tool fails the test instead.
 func need(t *testing.T, tools ...string) {
 	t.Helper()
 	if testing.Short() {
@@ -40,6 +41,9 @@ func need(t *testing.T, tools ...string) {
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
+			if os.Getenv("CKPT_REQUIRE_CLIENTS") == "1" {
+				t.Fatalf("%s is not installed: run scripts/deps.sh", tool)
+			}
 			t.Skipf("%s is not installed (scripts/deps.sh installs it)", tool)
 		}
 	}
