@@ -9,8 +9,6 @@ import (
 	"net"
 	"os"
 	"reflect"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/ckpt-io/ckpt/protocol"
@@ -302,16 +300,4 @@ func norm(v any) any {
 func show(v any) string {
 	b, _ := json.Marshal(norm(v))
 	return string(b)
-}
-
-// keys is the sorted key set of a JSON object line.
-func keys(line []byte) string {
-	var m map[string]any
-	json.Unmarshal(line, &m)
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return strings.Join(out, ",")
 }
