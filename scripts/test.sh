@@ -9,10 +9,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
+export CKPT_REQUIRE_CLIENTS=1 # the clients' conformance runs may not skip
 go test -count=1 -timeout 15m ./...
 go test -count=1 -race -timeout 10m ./agent/ ./uploader/ ./manifests/
 # The RocksDB engine plugin links librocksdb-dev through cgo, so it and its
-# end-to-end test build only with -tags rocksdb.
+# end-to-end tests build only with -tags rocksdb: among them the non-Go apps,
+# RocksDB stores written by ldb and checkpointed through the Python and Java
+# clients (e2e/clients_rocksdb_test.go). The clients' conformance suite runs
+# in `go test ./...` above (clients/conformance).
 go test -count=1 -timeout 10m -tags rocksdb -run RocksDB ./plugins/ckpt-plugin-rocksdb/... ./e2e/
 # The disk-fault suite: failpoints fail local writes, fsyncs and renames
 # with ENOSPC, EIO and EROFS (compiled in only with this tag).
