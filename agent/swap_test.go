@@ -206,3 +206,53 @@ func TestAPeerCannotSwapAHandedOffFileAfterSynced(t *testing.T) {
 		}
 	}
 }
+
+// TestAFirstCheckpointReusesAnotherTasksObjectOnlyByItsHash: task b's first
+// checkpoint is offered task a's objects; its file of the same size as
+// a's but other bytes gets an object of its own, its file of a's bytes
+// reuses a's, and b's checkpoint verifies and restores.
+func TestAFirstCheckpointReusesAnotherTasksObjectOnlyByItsHash(t *testing.T) {
+	h := start(t, nil, nil)
+	c := h.dial()
+	const size = 5 << 20 // hashed in one pass, sent in another
+	write := func(name string, files map[string]byte) string {
+		dir := filepath.Join(h.root, name)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for f, fill := range files {
+			if err := os.WriteFile(filepath.Join(dir, f), bytes.Repeat([]byte{fill}, size), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	ckptWait(t, c, "a", 1, write("snap-a", map[string]byte{"000001.sst": 'x'}))
+	aKey := h.sharedKeys("a", 1)[0]
+	ev := ckptWait(t, c, "b", 1, write("snap-b", map[string]byte{"000001.sst": 'y', "000002.sst": 'x'}))
+	m, err := manifests.Load(ctxT(t), h.store, "job", "b", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range m.Files {
+		switch f.Name {
+		case "000001.sst":
+			if f.Key == aKey {
+				t.Errorf("a file of other bytes took task a's object of its size: %s", f.Key)
+			}
+		case "000002.sst":
+			if f.Key != aKey {
+				t.Errorf("the file of task a's bytes did not reuse its object: %s", f.Key)
+			}
+		}
+	}
+	if ev.FilesReused != 1 || ev.FilesUploaded != 1 {
+		t.Errorf("task b's first checkpoint: %d uploaded, %d reused", ev.FilesUploaded, ev.FilesReused)
+	}
+	if probs := h.verify("b", 1); len(probs) != 0 {
+		t.Errorf("task b's checkpoint does not verify: %v", probs)
+	}
+	if err := h.restoreRemote("b", 1); err != nil {
+		t.Errorf("restore of task b: %v", err)
+	}
+}
