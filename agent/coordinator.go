@@ -144,6 +144,10 @@ func (a *Agent) taskLocked(name string) *task {
 // takeSnapshot is the sync phase's local work; fault tests replace it.
 var takeSnapshot = (*localrecovery.Store).TakeDir
 
+// afterInspect runs once a snapshot's files are inspected, before any of
+// them is read; tests swap files there.
+var afterInspect = func(*localrecovery.Snapshot) {}
+
 // diskFull reports whether err is the local filesystem out of space or
 // quota: a condition to retry later, not a bug.
 func diskFull(err error) bool {
@@ -436,6 +440,7 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 		}
 		return protocol.Event{}, err
 	}
+	afterInspect(ck.snap)
 	// Ownership first (taken on the task's first request, then cached),
 	// then the task's checkpoints as this owner sees them.
 	ck.at("taking the task's ownership")

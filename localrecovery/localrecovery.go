@@ -149,6 +149,9 @@ type Snapshot struct {
 	// copied (their owner was checked on the source).
 	owner  uint32
 	copied map[string]bool
+	// dirDev and dirIno identify Dir, the agent's directory: Inspect and
+	// Open work only on that inode.
+	dirDev, dirIno uint64
 }
 
 // Path returns the local path of a file of the snapshot.
@@ -239,6 +242,7 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 	if parent, name := src.Parent(); handoff && parent != nil {
 		if handOff(parent, name, taskDir, filepath.Base(dst), &dirSt) {
 			sn.HandedOff = true
+			sn.dirDev, sn.dirIno = uint64(dirSt.Dev), dirSt.Ino
 			return sn, nil
 		}
 	}
@@ -251,6 +255,12 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 		return nil, fmt.Errorf("local store: %w", err)
 	}
 	defer to.Close()
+	var toSt unix.Stat_t
+	if err := unix.Fstat(int(to.Fd()), &toSt); err != nil {
+		os.RemoveAll(dst)
+		return nil, fmt.Errorf("local store: %w", err)
+	}
+	sn.dirDev, sn.dirIno = uint64(toSt.Dev), toSt.Ino
 	sfd, dfd := src.Fd(), int(to.Fd())
 	for _, name := range names {
 		err := failpoint.Error(failpoint.LocalWrite)
@@ -284,6 +294,13 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 // handOff renames the snapshot dir name in parent to to/chk, and keeps it
 // there only if it is the directory that was opened and listed (dir): a
 // peer that swapped the name in between gets its entry back.
+//
+// A directory kept is then made the agent's (see seize) before TakeDir
+// returns, so before "synced": from then on the peer, which may still hold
+// a handle to it, can no longer add, remove or swap its entries, and what
+// Inspect checks stays what is read. Where the agent cannot take it over
+// (it runs unprivileged, and the peer is another user), the directory goes
+// back and its files are linked instead.
 func handOff(parent *os.File, name string, to *os.File, chk string, dir *unix.Stat_t) bool {
 	if failpoint.Error(failpoint.LocalRename) != nil {
 		return false
@@ -291,12 +308,35 @@ func handOff(parent *os.File, name string, to *os.File, chk string, dir *unix.St
 	if unix.Renameat(int(parent.Fd()), name, int(to.Fd()), chk) != nil {
 		return false
 	}
-	var st unix.Stat_t
-	if unix.Fstatat(int(to.Fd()), chk, &st, unix.AT_SYMLINK_NOFOLLOW) == nil && st.Dev == dir.Dev && st.Ino == dir.Ino {
-		return true
+	if d, err := safefs.OpenDirAt(to, chk); err == nil {
+		var st unix.Stat_t
+		ok := unix.Fstat(int(d.Fd()), &st) == nil && st.Dev == dir.Dev && st.Ino == dir.Ino && seize(d, dir)
+		d.Close()
+		if ok {
+			return true
+		}
 	}
 	unix.Renameat2(int(to.Fd()), chk, int(parent.Fd()), name, unix.RENAME_NOREPLACE)
 	return false
+}
+
+// seize makes the handed-off directory d the agent's: owned by its uid and
+// gid, mode 0750 (as the directories the store makes). Write and search
+// permission are checked at each operation, also through a handle opened
+// before, so the peer that made d can change nothing in it afterwards
+// (unless it runs as the agent's own uid, which reads what the agent reads
+// anyway). It is false, d as it was, when the agent may not: then the
+// directory is given back.
+func seize(d *os.File, was *unix.Stat_t) bool {
+	fd := int(d.Fd())
+	if unix.Fchown(fd, os.Geteuid(), os.Getegid()) != nil {
+		return false
+	}
+	if unix.Fchmod(fd, 0o750) != nil {
+		unix.Fchown(fd, int(was.Uid), int(was.Gid))
+		return false
+	}
+	return true
 }
 
 // copyAt copies the regular file name of dir into to, opened without
@@ -367,9 +407,9 @@ func (sn *Snapshot) Inspect() error {
 	// One directory handle and fstatat(2) per name: no path to resolve and
 	// no FileInfo to allocate per file (a checkpoint of 100,000 files
 	// inspects each one).
-	d, err := os.Open(sn.Dir)
+	d, err := sn.openDir()
 	if err != nil {
-		return fmt.Errorf("snapshot dir: %w", err)
+		return err
 	}
 	defer d.Close()
 	fd := int(d.Fd())
@@ -402,6 +442,58 @@ func (sn *Snapshot) Inspect() error {
 	}
 	sn.Files = files
 	return nil
+}
+
+// openDir opens the snapshot's directory in the store, the inode TakeDir
+// made or took over, without following a symlink.
+func (sn *Snapshot) openDir() (*os.File, error) {
+	fd, err := unix.Open(sn.Dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot dir: %w", &os.PathError{Op: "open", Path: sn.Dir, Err: err})
+	}
+	d := os.NewFile(uintptr(fd), sn.Dir)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("snapshot dir: %w", err)
+	}
+	if sn.dirIno != 0 && (uint64(st.Dev) != sn.dirDev || st.Ino != sn.dirIno) {
+		d.Close()
+		return nil, &BadFileError{Name: sn.Dir, Reason: "the snapshot dir in the local store was replaced"}
+	}
+	return d, nil
+}
+
+// Open opens the file f of the snapshot, as Inspect listed it in Files,
+// for reading: through the snapshot's directory handle, without following
+// a symlink, and only if it is still the very inode Inspect checked (same
+// device and inode). Every read of a snapshot's bytes goes through Open,
+// so a name swapped after the inspection (for a symlink, or for another
+// file) is never read; the error says so without saying anything about
+// what the name now holds.
+func (sn *Snapshot) Open(f File) (*os.File, error) {
+	d, err := sn.openDir()
+	if err != nil {
+		return nil, err
+	}
+	defer d.Close()
+	r, err := safefs.OpenFileAt(d, f.Name)
+	if errors.Is(err, safefs.ErrUnsafe) || errors.Is(err, safefs.ErrNotRegular) {
+		return nil, &BadFileError{Name: f.Name, Reason: "was replaced after it was inspected (snapshot files must not change until completed)"}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot file %s: %w", f.Name, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(r.Fd()), &st); err != nil {
+		r.Close()
+		return nil, fmt.Errorf("snapshot file %s: %w", f.Name, err)
+	}
+	if uint64(st.Dev) != f.Dev || st.Ino != f.Ino {
+		r.Close()
+		return nil, &BadFileError{Name: f.Name, Reason: "was replaced after it was inspected (snapshot files must not change until completed)"}
+	}
+	return r, nil
 }
 
 // inspectSplit is the fewest files Inspect splits among threads, and

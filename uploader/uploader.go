@@ -276,8 +276,9 @@ func (u *upload) confirmReused(ctx context.Context) error {
 }
 
 // replace uploads the object of the files at idx (one content) again from
-// the first one's snapshot file, hashing what is sent: the object must be
-// the bytes its key names. The files then count as uploaded, once.
+// the first one's snapshot file, verifying what is sent as it goes (see
+// putFile): the object must be the bytes its key names. The files then
+// count as uploaded, once.
 func (u *upload) replace(ctx context.Context, idx []int) error {
 	f := &u.res.Files[idx[0]]
 	var lf localrecovery.File
@@ -286,12 +287,8 @@ func (u *upload) replace(ctx context.Context, idx []int) error {
 			lf = x
 		}
 	}
-	sha, err := putFile(ctx, u.req.Store, f.Key, u.req.Snapshot.Path(f.Name), lf, f.Alg())
-	if err != nil {
+	if _, err := putSnapshotFile(ctx, u.req.Store, f.Key, u.req.Snapshot, lf, 0, f.Digest()); err != nil {
 		return fmt.Errorf("upload %s again: %w", f.Name, err)
-	}
-	if err := f.Check(sha); err != nil {
-		return fmt.Errorf("upload %s again: %w: snapshot files must be immutable", f.Name, err)
 	}
 	u.req.Presence.Saw(f.Key, f.Size, time.Now())
 	u.tally(func(r *Result) {
@@ -351,16 +348,21 @@ func (u *upload) file(ctx context.Context, lf localrecovery.File, f *manifests.F
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	path := u.req.Snapshot.Path(lf.Name)
+	// The one open of the file: the inode Inspect checked, read through
+	// this handle only (see localrecovery.Snapshot.Open).
+	r, err := u.req.Snapshot.Open(lf)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
 	var b body
-	var err error
 	switch {
 	case f.Kind == manifests.Shared:
-		b, err = u.shared(ctx, path, lf, f)
+		b, err = u.shared(ctx, r, lf, f)
 	case lf.Size <= u.req.InlineMax:
-		return u.inline(path, lf, f)
+		return u.inline(r, lf, f)
 	default:
-		b, err = u.private(path, lf, f)
+		b, err = u.private(r, lf, f)
 	}
 	if err != nil {
 		return err
@@ -371,7 +373,7 @@ func (u *upload) file(ctx context.Context, lf localrecovery.File, f *manifests.F
 	if b.key == "" {
 		return nil
 	}
-	return u.transfer(ctx, path, lf, f, b)
+	return u.transfer(ctx, r, lf, f, b)
 }
 
 // known identifies the shared file f (of the snapshot's file lf) by the
@@ -390,7 +392,7 @@ func (u *upload) known(lf localrecovery.File, f *manifests.File) bool {
 // shared identifies a shared file by its content (a known hash, or one
 // computed now) and sends its object unless dedup finds it stored. Upload
 // decided already for a file whose hash was known (Digest set).
-func (u *upload) shared(ctx context.Context, path string, lf localrecovery.File, f *manifests.File) (body, error) {
+func (u *upload) shared(ctx context.Context, r *os.File, lf localrecovery.File, f *manifests.File) (body, error) {
 	var b body
 	if f.Digest() != "" {
 		b.key = manifests.SharedKey(u.req.Job, f.Digest(), f.Size)
@@ -401,13 +403,16 @@ func (u *upload) shared(ctx context.Context, path string, lf localrecovery.File,
 	var err error
 	if lf.Size <= bufferedMax {
 		// Read once: the hash and the upload take the same bytes.
-		b.data, d, b.release, err = readBuffered(path, lf, u.req.Alg)
+		b.data, d, b.release, err = readBuffered(r, lf, u.req.Alg)
 	} else {
-		d, err = hashFile(ctx, path, lf.Size, u.req.Alg)
+		// Hashed now, sent later (if no confirmed object holds it): the
+		// transfer verifies that it sends these very bytes (putFile).
+		d, err = hashFile(ctx, r, lf, u.req.Alg)
 	}
 	if err != nil {
 		return body{}, err
 	}
+	afterHash(lf.Name)
 	f.SetDigest(d)
 	u.tally(func(r *Result) { r.BytesHashed += lf.Size })
 	if u.dedup(f) {
@@ -444,8 +449,8 @@ func (u *upload) dedup(f *manifests.File) bool {
 }
 
 // inline keeps a small private file inside the manifest: nothing to send.
-func (u *upload) inline(path string, lf localrecovery.File, f *manifests.File) error {
-	data, err := readSmall(path, lf.Size)
+func (u *upload) inline(r *os.File, lf localrecovery.File, f *manifests.File) error {
+	data, err := readSmall(r, lf)
 	if err != nil {
 		return err
 	}
@@ -460,14 +465,14 @@ func (u *upload) inline(path string, lf localrecovery.File, f *manifests.File) e
 
 // private sends a private file as an object of this checkpoint's own,
 // hashed on the way (read whole first when small).
-func (u *upload) private(path string, lf localrecovery.File, f *manifests.File) (body, error) {
+func (u *upload) private(r *os.File, lf localrecovery.File, f *manifests.File) (body, error) {
 	f.Key = manifests.PrivateKeyOf(u.req.Job, u.req.Task, u.req.Checkpoint, u.req.Epoch, f.Name)
 	f.Uploaded = true
 	b := body{key: f.Key}
 	if lf.Size <= bufferedMax {
 		var d string
 		var err error
-		if b.data, d, b.release, err = readBuffered(path, lf, u.req.Alg); err != nil {
+		if b.data, d, b.release, err = readBuffered(r, lf, u.req.Alg); err != nil {
 			return body{}, err
 		}
 		f.SetDigest(d)
@@ -477,8 +482,9 @@ func (u *upload) private(path string, lf localrecovery.File, f *manifests.File) 
 }
 
 // transfer writes the object b.key of f, from b.data when the file was
-// read whole, else streaming the file (hashing it if f has no hash yet).
-func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.File, f *manifests.File, b body) error {
+// read whole, else streaming the file: hashing it if f has no hash yet,
+// and verifying that what is sent hashes to it if it has one.
+func (u *upload) transfer(ctx context.Context, r *os.File, lf localrecovery.File, f *manifests.File, b body) error {
 	if u.spans.Add(1) <= maxSpans {
 		var span trace.Span
 		ctx, span = u.tracer.Start(ctx, "upload.object", trace.WithAttributes(
@@ -488,13 +494,9 @@ func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.Fil
 	var sha string
 	var err error
 	if b.data != nil {
-		err = putBuffered(ctx, u.req.Store, b.key, path, lf, b.data)
+		err = putBuffered(ctx, u.req.Store, b.key, r, lf, b.data)
 	} else {
-		alg := manifests.Alg(0) // hash only what has no hash yet
-		if f.Digest() == "" {
-			alg = u.req.Alg
-		}
-		sha, err = putFile(ctx, u.req.Store, b.key, path, lf, alg)
+		sha, err = putFile(ctx, u.req.Store, b.key, r, lf, u.req.Alg, f.Digest())
 	}
 	if err != nil {
 		return fmt.Errorf("upload %s: %w", f.Name, err)
@@ -513,10 +515,10 @@ func (u *upload) transfer(ctx context.Context, path string, lf localrecovery.Fil
 // putBuffered uploads a file read whole: the bytes hashed are the bytes
 // sent. A file written meanwhile still fails the checkpoint: the app broke
 // the immutability its local copy relies on.
-func putBuffered(ctx context.Context, s storage.Store, key, path string, lf localrecovery.File, data []byte) error {
+func putBuffered(ctx context.Context, s storage.Store, key string, r *os.File, lf localrecovery.File, data []byte) error {
 	err := s.Put(ctx, key, bytes.NewReader(data), int64(len(data)))
-	if fi, serr := os.Stat(path); err == nil && (serr != nil || fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime) {
-		err = fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", path)
+	if fi, serr := r.Stat(); err == nil && (serr != nil || fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime) {
+		err = fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", lf.Name)
 	}
 	return err
 }
@@ -524,95 +526,146 @@ func putBuffered(ctx context.Context, s storage.Store, key, path string, lf loca
 // bufferedMax is the size up to which a file that must be hashed is read
 // whole into memory once, hashed, and uploaded from that buffer: one read
 // of the page cache instead of two (hash, then send), for the small SSTs
-// flushes and compactions write. Larger files stream, twice.
+// flushes and compactions write. Larger files stream, twice: once to be
+// hashed, once to be sent, hashed again on the way and refused unless they
+// are the bytes hashed the first time (putFile).
 const bufferedMax = 4 << 20
 
 var bigBufs = sync.Pool{New: func() any { b := make([]byte, bufferedMax); return &b }}
 
-// readBuffered reads the file the snapshot listed as lf whole into a pooled
-// buffer and hashes it with alg; release gives the buffer back. It fails if the file
-// is not that one any more (size or mtime moved) or does not hold exactly
-// lf.Size bytes.
-func readBuffered(path string, lf localrecovery.File, alg manifests.Alg) (data []byte, sha string, release func(), err error) {
-	f, err := os.Open(path)
-	if err != nil {
+// readBuffered reads f, the file the snapshot listed as lf (opened by
+// Snapshot.Open), whole into a pooled buffer and hashes it with alg;
+// release gives the buffer back. It fails if the file is not that one any
+// more (size or mtime moved) or does not hold exactly lf.Size bytes.
+func readBuffered(f *os.File, lf localrecovery.File, alg manifests.Alg) (data []byte, sha string, release func(), err error) {
+	if err := unchanged(f, lf); err != nil {
 		return nil, "", nil, err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, "", nil, err
-	}
-	if fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime {
-		return nil, "", nil, fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", path)
 	}
 	bp := bigBufs.Get().(*[]byte)
 	release = func() { bigBufs.Put(bp) }
 	buf := (*bp)[:lf.Size]
 	if _, err := io.ReadFull(f, buf); err != nil {
 		release()
-		return nil, "", nil, fmt.Errorf("read %s: %w: snapshot files must be immutable", path, err)
+		return nil, "", nil, fmt.Errorf("read %s: %w: snapshot files must be immutable", lf.Name, err)
 	}
 	var one [1]byte
 	if n, _ := f.Read(one[:]); n != 0 {
 		release()
-		return nil, "", nil, fmt.Errorf("read %s: longer than the snapshot's %d bytes: snapshot files must be immutable", path, lf.Size)
+		return nil, "", nil, fmt.Errorf("read %s: longer than when the snapshot was taken: snapshot files must be immutable", lf.Name)
 	}
 	return buf, manifests.SumBytes(alg, buf), release, nil
 }
 
-// hashFile streams a file through alg and checks its size.
-func hashFile(ctx context.Context, path string, size int64, alg manifests.Alg) (string, error) {
-	sha, n, err := manifests.HashFile(ctx, path, alg)
+// unchanged checks that the open file f still has the size and mtime the
+// snapshot listed for lf. Its messages name no size: f is the inode the
+// snapshot inspected, but what it holds is the app's to tell.
+func unchanged(f *os.File, lf localrecovery.File) error {
+	fi, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if fi.Size() != lf.Size || fi.ModTime().UnixNano() != lf.ModTime {
+		return fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", lf.Name)
+	}
+	return nil
+}
+
+// hashFile streams the open file f (lf) from its start through alg and
+// checks its size.
+func hashFile(ctx context.Context, f *os.File, lf localrecovery.File, alg manifests.Alg) (string, error) {
+	if err := unchanged(f, lf); err != nil {
+		return "", err
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	sha, n, err := manifests.HashReader(ctx, f, alg)
 	if err != nil {
 		return "", err
 	}
-	if n != size {
-		return "", fmt.Errorf("hash %s: read %d bytes, the snapshot had %d: snapshot files must be immutable", path, n, size)
+	if n != lf.Size {
+		return "", fmt.Errorf("hash %s: not the length it had when the snapshot was taken: snapshot files must be immutable", lf.Name)
 	}
 	return sha, nil
 }
 
-func readSmall(path string, size int64) ([]byte, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
+// readSmall reads the open file f (lf) whole: exactly lf.Size bytes.
+func readSmall(f *os.File, lf localrecovery.File) ([]byte, error) {
+	if err := unchanged(f, lf); err != nil {
 		return nil, err
 	}
-	if int64(len(data)) != size {
-		return nil, fmt.Errorf("read %s: %d bytes, the snapshot had %d: snapshot files must be immutable", path, len(data), size)
+	data, err := io.ReadAll(io.LimitReader(f, lf.Size+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", lf.Name, err)
+	}
+	if int64(len(data)) != lf.Size {
+		return nil, fmt.Errorf("read %s: not the length it had when the snapshot was taken: snapshot files must be immutable", lf.Name)
 	}
 	return data, nil
 }
 
-// putFile uploads a file. With an alg (0: no hashing), it returns the
-// digest of the bytes the backend read in its last full pass (private files are hashed
-// as they go up), re-reading the file if the backend did not read it in one
-// pass. It fails if the file is not the one the snapshot listed, or was
-// written during the upload (its size or mtime moved): immutable files are
-// not, and a content-addressed key must name exactly the bytes stored.
-// (ctime is no witness: every hard link the app's next snapshot makes to
-// the same inode moves it.)
-func putFile(ctx context.Context, s storage.Store, key, path string, lf localrecovery.File, alg manifests.Alg) (string, error) {
-	hashing := alg != 0
-	f, err := os.Open(path)
+// afterHash runs when a file read in two passes has been hashed, before
+// it is sent: tests change the file there.
+var afterHash = func(name string) {}
+
+// errNotHashed is the failure of an upload whose bytes are not the ones
+// its key (or its manifest entry) names.
+var errNotHashed = errors.New("the bytes read to send it are not the bytes hashed before (the file was written in between)")
+
+// putSnapshotFile opens the snapshot's file lf and uploads it with putFile.
+func putSnapshotFile(ctx context.Context, s storage.Store, key string, sn *localrecovery.Snapshot, lf localrecovery.File, alg manifests.Alg, want string) (string, error) {
+	r, err := sn.Open(lf)
 	if err != nil {
 		return "", err
 	}
-	defer f.Close()
+	defer r.Close()
+	return putFile(ctx, s, key, r, lf, alg, want)
+}
+
+// putFile uploads f, the snapshot's file lf opened by Snapshot.Open, from
+// its start, and fails if it is not the file the snapshot listed, or was
+// written during the upload (its size or mtime moved): immutable files
+// are not. (ctime is no witness: every hard link the app's next snapshot
+// makes to the same inode moves it.)
+//
+// With want, the digest the key (or the manifest entry) names, the upload
+// is verified as it goes: the bytes the store reads are hashed, and the
+// last ones of a pass are handed over only if the pass read the file in
+// order from its start and hashes to want. A store completes an object
+// only once it has read its last byte, and a failed Put leaves no partial
+// object (storage.Store), so no object is ever stored, nor an object of
+// another task replaced, with bytes that are not want's: a file written
+// between its hash and its upload, even with its mtime set back, fails the
+// upload (errNotHashed). This costs a hash of the bytes sent, no read.
+//
+// Without want, with an alg, it returns the digest of the bytes the store
+// read in its last full pass (private files are hashed as they go up),
+// hashing the file once more if the store did not read it in one pass.
+func putFile(ctx context.Context, s storage.Store, key string, f *os.File, lf localrecovery.File, alg manifests.Alg, want string) (string, error) {
+	if want != "" {
+		alg = manifests.AlgOf(want)
+	}
+	hashing := alg != 0
+	if err := unchanged(f, lf); err != nil {
+		return "", err
+	}
 	before, err := f.Stat()
 	if err != nil {
 		return "", err
 	}
-	if before.Size() != lf.Size || before.ModTime().UnixNano() != lf.ModTime {
-		return "", fmt.Errorf("%s changed since the snapshot was taken: snapshot files must be immutable", path)
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		return "", err
 	}
 	var body io.ReadSeeker = f
 	var hr *hashingReader
 	if hashing {
-		hr = &hashingReader{r: f, h: manifests.NewHasher(alg), valid: true}
+		hr = newHashingReader(f, alg, lf.Size, want)
 		body = hr
 	}
 	if err := s.Put(ctx, key, body, lf.Size); err != nil {
+		if hr != nil && hr.refused {
+			return "", fmt.Errorf("%s: %w: snapshot files must be immutable", lf.Name, errNotHashed)
+		}
 		return "", err
 	}
 	after, err := f.Stat()
@@ -620,13 +673,21 @@ func putFile(ctx context.Context, s storage.Store, key, path string, lf localrec
 		return "", err
 	}
 	if after.Size() != before.Size() || !after.ModTime().Equal(before.ModTime()) {
-		return "", fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", path)
+		return "", fmt.Errorf("%s changed while it was uploaded: snapshot files must be immutable", lf.Name)
 	}
 	if !hashing {
 		return "", nil
 	}
+	if want != "" {
+		if !hr.verified {
+			// The store wrote an object without reading the body to its
+			// end in order: nothing says its bytes are want's.
+			return "", fmt.Errorf("%s: the store did not read it in one pass, so what it stored could not be verified", lf.Name)
+		}
+		return want, nil
+	}
 	if !hr.valid || hr.pos != lf.Size {
-		return hashFile(ctx, path, lf.Size, alg)
+		return hashFile(ctx, f, lf, alg)
 	}
 	return hr.h.Digest(), nil
 }
@@ -634,19 +695,52 @@ func putFile(ctx context.Context, s storage.Store, key, path string, lf localrec
 // hashingReader hashes what a backend reads, so an upload proves that the
 // bytes sent are the bytes hashed. A rewind to the start resets the hash;
 // any other seek makes the pass unverifiable (valid=false).
+//
+// With want, it also guards the pass: the read that reaches size returns
+// its bytes only if the pass was valid and the hash of everything read is
+// want; otherwise it returns errNotHashed instead, and so does every read
+// after it (refused).
 type hashingReader struct {
 	r     io.ReadSeeker
 	h     *manifests.Hasher
 	pos   int64
 	valid bool
+
+	size     int64
+	want     string
+	verified bool // a pass reached size, valid, and hashed to want
+	refused  bool
+}
+
+// newHashingReader hashes what is read of r with alg; with want, it
+// guards the passes over r's size bytes (an empty body is want's or not
+// from the start).
+func newHashingReader(r io.ReadSeeker, alg manifests.Alg, size int64, want string) *hashingReader {
+	hr := &hashingReader{r: r, h: manifests.NewHasher(alg), valid: true, size: size, want: want}
+	if want != "" && size == 0 {
+		hr.verified = manifests.SumBytes(alg, nil) == want
+		hr.refused = !hr.verified
+	}
+	return hr
 }
 
 func (r *hashingReader) Read(p []byte) (int, error) {
+	if r.refused {
+		return 0, errNotHashed
+	}
 	n, err := r.r.Read(p)
 	if r.valid {
 		r.h.Write(p[:n])
 	}
-	r.pos += int64(n)
+	end := r.pos + int64(n)
+	if r.want != "" && n > 0 && r.pos < r.size && end >= r.size {
+		if !r.valid || end != r.size || r.h.Digest() != r.want {
+			r.refused = true
+			return 0, errNotHashed
+		}
+		r.verified = true
+	}
+	r.pos = end
 	return n, err
 }
 
@@ -669,8 +763,8 @@ func (r *hashingReader) Seek(off int64, whence int) (int64, error) {
 // file holds exactly size bytes hashing to the digest sha (of its
 // algorithm, see manifests.AlgOf): it hashes the file first
 // (nothing is written from a bad copy), then hashes what the store reads
-// as it uploads. A mismatch found during the upload is an error (the
-// object then holds what was read; the caller reports it as not healed).
+// as it uploads and withholds the last bytes unless they hash to sha (see
+// putFile): a file changed in between fails, and stores nothing.
 // It serves repairs of content-addressed objects from local copies.
 func PutVerified(ctx context.Context, s storage.Store, key, path string, size int64, sha string) error {
 	got, n, err := manifests.HashFile(ctx, path, manifests.AlgOf(sha))
@@ -685,14 +779,15 @@ func PutVerified(ctx context.Context, s storage.Store, key, path string, size in
 		return err
 	}
 	defer f.Close()
-	hr := &hashingReader{r: f, h: manifests.NewHasher(manifests.AlgOf(sha)), valid: true}
+	hr := newHashingReader(f, manifests.AlgOf(sha), size, sha)
 	if err := s.Put(ctx, key, hr, size); err != nil {
+		if hr.refused {
+			return fmt.Errorf("%s changed while it was uploaded as %s: %w", path, key, errNotHashed)
+		}
 		return err
 	}
-	if hr.valid && hr.pos == size {
-		if sent := hr.h.Digest(); sent != sha {
-			return fmt.Errorf("%s changed while it was uploaded as %s", path, key)
-		}
+	if !hr.verified {
+		return fmt.Errorf("%s: the store did not read it in one pass, so what it stored as %s could not be verified", path, key)
 	}
 	return nil
 }

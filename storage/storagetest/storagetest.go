@@ -53,6 +53,7 @@ func Run(t *testing.T, newStore func(t *testing.T) storage.Store, opts Options) 
 		{"list reports exactly the keys under a prefix", testList},
 		{"delete removes keys and ignores missing ones", testDelete},
 		{"a large object round-trips", func(t *testing.T, s storage.Store) { testLarge(t, s, opts.LargeSize) }},
+		{"a body that fails on its last bytes stores nothing", func(t *testing.T, s storage.Store) { testLastReadFails(t, s, opts.LargeSize) }},
 		{"a cancelled context stops a put", testCancelled},
 		{"invalid keys are refused", testInvalidKeys},
 		{"ranges read the bytes asked for, through decorators too", testRange},
@@ -225,6 +226,43 @@ func testSizeMismatch(t *testing.T, s storage.Store) {
 	}
 	if got := keys(t, s, ""); len(got) != 0 {
 		t.Fatalf("failed puts left objects: %v", got)
+	}
+}
+
+// lastFails is a body that fails the read that would hand over its last
+// byte, as a body that verifies what it hands over (the uploader's) does
+// when the bytes are not the ones expected.
+// It is only an io.ReadSeeker: no ReadAt or WriteTo to go around Read.
+type lastFails struct {
+	r *bytes.Reader
+}
+
+var errLast = errors.New("the last bytes are refused")
+
+func (b lastFails) Read(p []byte) (int, error) {
+	if len(p) >= b.r.Len() && b.r.Len() > 0 {
+		return 0, errLast
+	}
+	return b.r.Read(p)
+}
+
+func (b lastFails) Seek(off int64, whence int) (int64, error) { return b.r.Seek(off, whence) }
+
+// testLastReadFails: a Put (small, and large enough for a multipart
+// upload) whose body fails just before its last byte fails and leaves the
+// object that was there: the guarantee a verified upload relies on.
+func testLastReadFails(t *testing.T, s storage.Store, large int64) {
+	for _, size := range []int64{300 << 10, large} {
+		key := fmt.Sprintf("last-%d", size)
+		old := randBytes(t, size)
+		put(t, s, key, old)
+		err := s.Put(ctx(t), key, lastFails{bytes.NewReader(randBytes(t, size))}, size)
+		if err == nil {
+			t.Fatalf("put of %d bytes whose last read failed succeeded", size)
+		}
+		if got := get(t, s, key); !bytes.Equal(got, old) {
+			t.Fatalf("put of %d bytes whose last read failed replaced the object", size)
+		}
 	}
 }
 
