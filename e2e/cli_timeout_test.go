@@ -54,6 +54,9 @@ func hangingListener(t *testing.T) string {
 // an S3 endpoint that accepts connections and never answers. Without
 // --timeout the restore through the plugin would never return.
 func TestCommandsAgainstAHangingBackendEndAtTheirTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a plugin and waits out nine timeouts")
+	}
 	pluginDir := buildFaultyPlugin(t)
 	dir := t.TempDir()
 	st, err := file.Open(dir)
