@@ -154,8 +154,9 @@ func (t *Tenant) where() string {
 // no allowed root or a relative one, or a task pattern that does not
 // compile; and two entries that can match the same peer (every credential
 // both name is equal, or one cgroup is a prefix of the other: a uid-only
-// and a gid-only tenant overlap too) or that serve one job from different
-// storage URLs.
+// and a gid-only tenant overlap too), that serve one job from different
+// storage URLs, or one of whose allowed roots is equal to or inside one of
+// the other's (cleaned; New checks them again with symlinks resolved).
 func CheckTenants(ts []Tenant) error {
 	seen := map[string]*Tenant{}
 	for i := range ts {
@@ -216,7 +217,58 @@ func CheckTenants(ts []Tenant) error {
 			}
 		}
 	}
+	return checkRootsApart(ts, func(r string) (string, error) { return filepath.Clean(r), nil })
+}
+
+// checkRootsApart refuses two tenants one of whose allowed roots is equal
+// to or inside one of the other's, as resolve gives them (cleaned, or
+// with symlinks resolved): the peers of one could checkpoint the other's
+// directories into their own job, or restore their job into the other's.
+func checkRootsApart(ts []Tenant, resolve func(string) (string, error)) error {
+	type root struct {
+		t         *Tenant
+		given, at string
+	}
+	var roots []root
+	for i := range ts {
+		for _, r := range ts[i].AllowRoots {
+			at, err := resolve(r)
+			if err != nil {
+				return fmt.Errorf("%s: allow root %q: %w (it must exist)", ts[i].where(), r, err)
+			}
+			roots = append(roots, root{&ts[i], r, at})
+		}
+	}
+	within := func(p, dir string) bool {
+		return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+	}
+	for i, a := range roots {
+		for _, b := range roots[i+1:] {
+			if a.t == b.t || (!within(a.at, b.at) && !within(b.at, a.at)) {
+				continue
+			}
+			how := "is inside"
+			switch {
+			case a.at == b.at:
+				how = "is"
+			case within(b.at, a.at):
+				a, b = b, a
+			}
+			resolved := ""
+			if a.given != a.at || b.given != b.at {
+				resolved = fmt.Sprintf(" (resolved, %s %s %s)", a.at, how, b.at)
+			}
+			return fmt.Errorf("%s: allow root %s %s allow root %s of %s%s: the peers of one tenant could checkpoint or restore into the other's directories; give each tenant roots of its own, none inside another's",
+				a.t.where(), a.given, how, b.given, b.t.where(), resolved)
+		}
+	}
 	return nil
+}
+
+// CheckTenantRoots is checkRootsApart on the roots as they are on disk,
+// symlinks resolved: for an agent about to serve ts.
+func CheckTenantRoots(ts []Tenant) error {
+	return checkRootsApart(ts, filepath.EvalSymlinks)
 }
 
 // compileTasks compiles a task pattern: a glob, or "re:" and a regular

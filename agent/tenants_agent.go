@@ -42,6 +42,9 @@ func newNode(cfg Config) (*Agent, error) {
 	if err := CheckTenants(tenants); err != nil {
 		return nil, fmt.Errorf("tenants: %w", err)
 	}
+	if err := CheckTenantRoots(tenants); err != nil {
+		return nil, fmt.Errorf("tenants: %w", err)
+	}
 	if !filepath.IsAbs(cfg.LocalDir) {
 		return nil, fmt.Errorf("local dir %q is relative: give an absolute path", cfg.LocalDir)
 	}

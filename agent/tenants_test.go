@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage/file"
 )
 
 const goodTenants = `# two tenants on one node
@@ -90,6 +96,10 @@ func TestABadTenantsFileIsRefusedWithTheEntryAndTheReason(t *testing.T) {
 		{"a uid tenant and a gid tenant", a + entry("beta", "gid: 5", "beta", "file:///s", "[/r/b]", "b"), `matches the same peers`},
 		{"a cgroup below another", entry("alpha", "uid: 1\n  cgroup: /pods", "alpha", "file:///s", "[/r/a]", "a") + entry("beta", "uid: 1\n  cgroup: /pods/b", "beta", "file:///s", "[/r/b]", "b"), `matches the same peers`},
 		{"a cgroup tenant and one without", entry("alpha", "uid: 1\n  cgroup: /pods", "alpha", "file:///s", "[/r/a]", "a") + entry("beta", "uid: 1", "beta", "file:///s", "[/r/b]", "b"), `matches the same peers`},
+		{"a root inside another tenant's", a + entry("beta", "uid: 2002", "beta", "file:///s", "[/r/b, /r/a/b]", "b-*"), `entry 2 (line 8) "beta": allow root /r/a/b is inside allow root /r/a of entry 1 (line 2) "alpha"`},
+		{"a root holding another tenant's", a + entry("beta", "uid: 2002", "beta", "file:///s", "[/r]", "b-*"), `entry 1 (line 2) "alpha": allow root /r/a is inside allow root /r of entry 2 (line 8) "beta"`},
+		{"another tenant's root, spelt otherwise", a + entry("beta", "uid: 2002", "beta", "file:///s", "[/r//a/]", "b-*"), `allow root /r/a is allow root /r//a/ of entry 2 (line 8) "beta"`},
+		{"the root of all", a + entry("beta", "uid: 2002", "beta", "file:///s", "[/]", "b-*"), `allow root /r/a is inside allow root / of entry 2`},
 		{"one job in two storages", a + entry("beta", "uid: 2002", "alpha", "file:///other", "[/r/b]", "b"), `entry 2 (line 8) "beta": job "alpha" is served by entry 1 (line 2) "alpha" from storage file:///s, and here from file:///other`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -197,4 +207,47 @@ func FuzzParseTenants(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Two tenants' roots that are apart by name but nested on disk, through a
+// symlink, are refused when the agent starts (New), naming both; roots
+// apart on disk start.
+func TestTenantRootsNestedThroughASymlinkAreRefusedAtStart(t *testing.T) {
+	base := t.TempDir()
+	rootA, rootB := filepath.Join(base, "alpha"), filepath.Join(base, "beta")
+	for _, d := range []string{rootA, rootB, filepath.Join(rootA, "inner")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	link := filepath.Join(base, "link-into-alpha")
+	if err := os.Symlink(filepath.Join(rootA, "inner"), link); err != nil {
+		t.Fatal(err)
+	}
+	store, err := file.New(filepath.Join(base, "store"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := func(rootOfB string) error {
+		doc := fmt.Sprintf(`tenants:
+- {name: alpha, uid: 2001, job: alpha, storage: "file://%s", allow_roots: [%s], tasks: "a-*"}
+- {name: beta, uid: 2002, job: beta, storage: "file://%s", allow_roots: [%s], tasks: "b-*"}
+`, store.Root(), rootA, store.Root(), rootOfB)
+		tenants, err := ParseTenants([]byte(doc))
+		if err != nil {
+			return err
+		}
+		_, err = New(Config{Socket: filepath.Join(base, "ckpt.sock"), LocalDir: filepath.Join(base, "local"), Tenants: tenants, GCGrace: time.Hour,
+			TenantServices: func(Tenant, string) (TenantServices, error) {
+				return TenantServices{Store: store, Restore: func(context.Context, RestoreRequest) (*restore.Result, error) { return nil, nil }}, nil
+			}})
+		return err
+	}
+	err = start(link)
+	if err == nil || !strings.Contains(err.Error(), "allow root "+link+" is inside allow root "+rootA) || !strings.Contains(err.Error(), "resolved") {
+		t.Fatalf("beta's root %s, a symlink into alpha's %s: %v, want it refused naming both", link, rootA, err)
+	}
+	if err := start(rootB); err != nil {
+		t.Fatalf("roots apart on disk: %v", err)
+	}
 }

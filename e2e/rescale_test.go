@@ -439,6 +439,7 @@ func TestRescaleRestoreRefusesBadRequests(t *testing.T) {
 		{"an unknown task", []string{"--rescale-from", "a,zz", "--key-range", ":", "--engine", "pebble"}, 1},
 		{"a checkpoint not complete for every task", []string{"--rescale-from", "a,b", "--key-range", ":", "--engine", "pebble", "--checkpoint", "2"}, 1},
 		{"old tasks whose keys overlap", []string{"--rescale-from", "a,c", "--key-range", ":", "--engine", "pebble"}, 1},
+		{"a task not named holds keys in the range", []string{"--rescale-from", "a,b", "--key-range", ":62", "--engine", "pebble"}, 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"restore", "--storage", storage, "--job", job, "--target", target}, tc.args...)
@@ -458,10 +459,10 @@ func TestRescaleRestoreRefusesBadRequests(t *testing.T) {
 			}
 		})
 	}
-	// The same tasks at checkpoint 1 (job-complete) rescale fine, and the
-	// drill reports both times.
+	// The same tasks at checkpoint 1 (job-complete) rescale fine with
+	// --partial (c's key a is left out), and the drill reports both times.
 	var res rescaleResult
-	ckptJSON(t, &res, "restore", "--storage", storage, "--job", job, "--rescale-from", "a,b", "--key-range", ":62", "--engine", "pebble", "--target", target, "--json")
+	ckptJSON(t, &res, "restore", "--storage", storage, "--job", job, "--rescale-from", "a,b", "--key-range", ":62", "--engine", "pebble", "--partial", "--target", target, "--json")
 	if !res.Restored || res.Checkpoint != 1 || res.Keys != 1 {
 		t.Fatalf("rescale restore of [, 62): %+v, want checkpoint 1 with key a", res)
 	}
@@ -475,7 +476,7 @@ func TestRescaleRestoreRefusesBadRequests(t *testing.T) {
 		TimeRatio       float64 `json:"time_ratio"`
 		Verified        bool    `json:"verified"`
 	}
-	ckptJSON(t, &drill, "drill", "--storage", storage, "--job", job, "--rescale-from", "a,b", "--key-range", ":62", "--engine", "pebble", "--json")
+	ckptJSON(t, &drill, "drill", "--storage", storage, "--job", job, "--rescale-from", "a,b", "--key-range", ":62", "--engine", "pebble", "--partial", "--json")
 	if drill.Checkpoint != 1 || !drill.Verified || drill.DurationMS == nil || drill.PlainDurationMS == nil || drill.Bytes <= 0 || drill.PlainBytes <= 0 {
 		t.Fatalf("drill --rescale-from: %+v", drill)
 	}

@@ -426,3 +426,15 @@ func (s *Store) Probe(ctx context.Context) error {
 	_, err = c.Probe(ctx, &pluginpb.ProbeRequest{Handle: h})
 	return s.p.fail(ctx, sess, "probe", err)
 }
+
+var _ storage.Locator = (*Store)(nil)
+
+// Location returns the storage URL the store was opened with (without
+// user info): the plugin reaches what that URL names.
+func (s *Store) Location() string {
+	if u, err := url.Parse(s.url); err == nil {
+		u.User = nil
+		return u.String()
+	}
+	return s.url
+}

@@ -50,6 +50,11 @@ type RescaleOptions struct {
 	Checkpoint uint64
 	// Parallelism bounds concurrent file downloads (default 8).
 	Parallelism int
+	// Partial builds the store from the tasks of From even when other
+	// tasks of the job-complete checkpoint hold keys in the range (their
+	// keys are then missing from it). Without it such a rescale fails,
+	// naming those tasks; checking them costs their private files.
+	Partial bool
 }
 
 // RescaleTask is what one old task contributed to a rescale restore.
@@ -245,6 +250,7 @@ func pickRescale(ctx context.Context, o RescaleOptions) (uint64, error) {
 		return o.Checkpoint, nil
 	}
 	sort.Slice(common, func(i, j int) bool { return common[i] > common[j] })
+	var whys []string // why the newest ones are not job-complete: a damaged manifest is named
 	for _, n := range common {
 		why, err := complete(n)
 		if err != nil {
@@ -253,6 +259,12 @@ func pickRescale(ctx context.Context, o RescaleOptions) (uint64, error) {
 		if why == "" {
 			return n, nil
 		}
+		if len(whys) < 3 {
+			whys = append(whys, why)
+		}
+	}
+	if len(whys) > 0 {
+		return 0, fmt.Errorf("%w: tasks %s have no job-complete checkpoint in common in job %s: %s (see ckpt list)", ErrNoCheckpoint, strings.Join(o.From, ","), o.Job, strings.Join(whys, "; "))
 	}
 	return 0, fmt.Errorf("%w: tasks %s have no job-complete checkpoint in common in job %s (see ckpt list)", ErrNoCheckpoint, strings.Join(o.From, ","), o.Job)
 }
@@ -314,6 +326,20 @@ func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 		}
 		olds[i] = &oldTask{task: t, m: m}
 	}
+	// The checkpoint's other tasks: checked for keys in the range.
+	var others []*oldTask
+	if !o.Partial {
+		for _, t := range olds[0].m.Tasks {
+			if slices.Contains(o.From, t) {
+				continue
+			}
+			m, _, err := manifests.LoadEncoded(ctx, o.Store, o.Job, t, n)
+			if err != nil {
+				return nil, fmt.Errorf("rescale restore: task %s of job-complete checkpoint %d: %w", t, n, err)
+			}
+			others = append(others, &oldTask{task: t, m: m})
+		}
+	}
 	r := &restorer{o: Options{Store: o.Store, Job: o.Job, Target: target}, target: target, n: n}
 	defer r.close()
 	if err := r.makeTemp(); err != nil {
@@ -326,6 +352,10 @@ func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	}
 	defer os.RemoveAll(scratch)
 	defer unlock()
+	if err := checkOthers(ctx, o, others, scratch); err != nil {
+		r.removeTemp()
+		return nil, err
+	}
 	res, err := rescale(ctx, o, r, olds, scratch)
 	if err != nil {
 		r.removeTemp()
@@ -338,6 +368,89 @@ func Rescale(ctx context.Context, o RescaleOptions) (*RescaleResult, error) {
 	res.Checkpoint, res.Target = n, target
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// checkOthers fails when a task of the checkpoint that the rescale does
+// not read holds keys in the range: the new store would silently lack
+// them. A task holds keys there when a table of its MANIFEST meets the
+// range (by its bounds: the tables themselves are not fetched) or its WAL
+// holds a live key in it. Only the tasks' private files are fetched.
+func checkOthers(ctx context.Context, o RescaleOptions, others []*oldTask, scratch string) error {
+	if len(others) == 0 {
+		return nil
+	}
+	cache := pebble.NewCache(8 << 20)
+	defer cache.Unref()
+	var fetched atomic.Int64
+	var holding []string
+	for i, t := range others {
+		if err := func() error {
+			defer t.close()
+			t.dir = filepath.Join(scratch, fmt.Sprintf("other-%d", i))
+			if err := os.Mkdir(t.dir, 0o755); err != nil {
+				return fmt.Errorf("rescale restore: %w", err)
+			}
+			defer os.RemoveAll(t.dir)
+			d, err := safefs.OpenRoot(t.dir)
+			if err != nil {
+				return fmt.Errorf("rescale restore: %w", err)
+			}
+			defer d.Close()
+			g, gctx := errgroup.WithContext(ctx)
+			g.SetLimit(o.Parallelism)
+			for _, f := range t.m.Files {
+				if f.Kind != manifests.Shared {
+					g.Go(func() error { return t.fetch(gctx, o.Store, d, f, &fetched) })
+				}
+			}
+			if err := g.Wait(); err != nil {
+				return err
+			}
+			if err := t.plan(o, cache); err != nil {
+				return err
+			}
+			why := ""
+			for _, f := range t.tables {
+				if strings.HasSuffix(f.Name, ".sst") {
+					why = "its table " + f.Name + " meets it"
+					break
+				}
+			}
+			if why == "" {
+				// No table meets the range: what the iterator finds there
+				// comes from the WAL alone, and no table is read.
+				it, err := t.db.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: o.Start, UpperBound: o.End, KeyTypes: pebble.IterKeyTypePointsAndRanges})
+				if err != nil {
+					return fmt.Errorf("rescale restore: read task %s: %w", t.task, err)
+				}
+				if it.First() {
+					why = fmt.Sprintf("its WAL holds key %x", it.Key())
+				}
+				if err := it.Close(); err != nil {
+					return fmt.Errorf("rescale restore: read task %s: %w", t.task, err)
+				}
+			}
+			if why != "" {
+				holding = append(holding, fmt.Sprintf("%s (%s)", t.task, why))
+			}
+			return nil
+		}(); err != nil {
+			return err
+		}
+	}
+	if len(holding) == 0 {
+		return nil
+	}
+	return fmt.Errorf("rescale restore: checkpoint %d's tasks %s also hold keys in [%s, %s), which --rescale-from does not name: the new store would lack them. Add them to --rescale-from, or give --partial to build it from the named tasks alone",
+		others[0].m.Checkpoint, strings.Join(holding, ", "), hexBound(o.Start), hexBound(o.End))
+}
+
+// hexBound shows a bound of the range in messages; nil is open.
+func hexBound(b []byte) string {
+	if b == nil {
+		return "open"
+	}
+	return hex.EncodeToString(b)
 }
 
 // scratchPrefix starts the name of the scratch directories that rescale

@@ -288,7 +288,7 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 	if o.JobConsistent && o.Checkpoint != 0 {
 		return nil, errors.New("savepoint: --job-consistent picks the checkpoint; do not give --checkpoint too")
 	}
-	if err := CheckApart(o.Source.String(), o.Target.String()); err != nil {
+	if err := checkApart(o.Source, o.Target); err != nil {
 		return nil, err
 	}
 	if o.Concurrency < 1 {
@@ -384,14 +384,29 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 
 // CheckApart refuses a target that is the source or inside it (or holds
 // it): the job's GC and retention would reach into the savepoint, or the
-// savepoint's overwrite into the job. Both are store names (URLs without
-// secrets, as storage.Store.String gives them).
+// savepoint's overwrite into the job. Both are storage URLs (as given, or
+// as storage.LocationOf gives them), compared by what they reach (see
+// storage.Overlap): a file:// target that is the job's directory through
+// a symlink, or an s3:// one that differs only in "//", "./", a trailing
+// slash or the case of its scheme, is the job's storage.
 func CheckApart(source, target string) error {
-	s, t := strings.TrimSuffix(source, "/"), strings.TrimSuffix(target, "/")
-	if s == t || strings.HasPrefix(t, s+"/") || strings.HasPrefix(s, t+"/") {
-		return fmt.Errorf("savepoint target %s overlaps the job's storage %s: give a prefix, bucket or backend of its own, so that no retention or GC of the job can reach it", target, source)
+	if storage.Overlap(source, target) {
+		return overlapError(source, target)
 	}
 	return nil
+}
+
+// checkApart is CheckApart on two open stores, located as their backends
+// resolve them.
+func checkApart(source, target storage.Store) error {
+	if storage.Overlap(storage.LocationOf(source), storage.LocationOf(target)) {
+		return overlapError(source.String(), target.String())
+	}
+	return nil
+}
+
+func overlapError(source, target string) error {
+	return fmt.Errorf("savepoint target %s overlaps the job's storage %s: give a prefix, bucket or backend of its own, so that no retention or GC of the job can reach it", target, source)
 }
 
 // existing reads the savepoint in s, if any. A record that is there but
@@ -667,7 +682,7 @@ func Seed(ctx context.Context, o SeedOptions) (*manifests.Manifest, error) {
 	if err := manifests.ValidName("job", o.Job); err != nil {
 		return nil, err
 	}
-	if err := CheckApart(o.Savepoint.String(), o.Target.String()); err != nil {
+	if err := checkApart(o.Savepoint, o.Target); err != nil {
 		return nil, err
 	}
 	rec, err := Read(ctx, o.Savepoint)

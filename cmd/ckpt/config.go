@@ -22,6 +22,7 @@ var otherEnv = []string{
 	"CKPT_SOCKET",              // the app's client (also the agent's --socket)
 	"CKPT_TASK",                // the app's task name (the deploy examples set it)
 	"CKPT_PLUGIN_DIR",          // --plugin-dir of every command
+	"CKPT_TIMEOUT",             // --timeout of the commands that talk to storage
 	"CKPT_PLUGIN_MAGIC_COOKIE", // go-plugin's handshake with plugin binaries
 	"CKPT_PLUGIN_BENCH",        // plugin throughput benchmark (tests)
 	"CKPT_UNSAFE_*",            // test-only escape hatches (manifests.Unsafe*Env)

@@ -95,6 +95,10 @@ type usageError struct{ error }
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	exitStuck = func(msg string) {
+		fmt.Fprintln(os.Stderr, msg)
+		os.Exit(1)
+	}
 	os.Exit(run(ctx, os.Args[1:]))
 }
 
@@ -114,7 +118,9 @@ func run(ctx context.Context, args []string) int {
 	}
 	for _, c := range cmds {
 		if c.name == args[0] {
-			err := c.run(ctx, args[1:])
+			cctx, done := withCommandTimeout(ctx, c.name)
+			err := explainTimeout(cctx, c.run(cctx, args[1:]))
+			done()
 			if err == nil {
 				return 0
 			}
@@ -165,6 +171,7 @@ func newFlags(name, synopsis, example string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(os.Stderr)
 	addPluginDirFlag(fs, name)
+	addTimeoutFlag(fs, name)
 	fs.Usage = func() {
 		w := fs.Output()
 		fmt.Fprintf(w, "Usage: ckpt %s %s\n\nFlags:\n", name, synopsis)
@@ -202,7 +209,7 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return usageError{err}
 	}
 	fs.SetOutput(os.Stderr)
-	return nil
+	return armTimeout(fs)
 }
 
 // checkArgs refuses stray arguments and reports required flags not set.

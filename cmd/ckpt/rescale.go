@@ -34,12 +34,14 @@ type rescaleFlags struct {
 	store, job, from, keyRange, engine *string
 	n                                  *uint64
 	par                                *int
+	partial                            *bool
 }
 
 func addRescaleFlags(fs interface {
 	String(name, value, usage string) *string
 	Uint64(name string, value uint64, usage string) *uint64
 	Int(name string, value int, usage string) *int
+	Bool(name string, value bool, usage string) *bool
 }) rescaleFlags {
 	return rescaleFlags{
 		store:    fs.String("storage", "", "storage URL"),
@@ -49,6 +51,7 @@ func addRescaleFlags(fs interface {
 		engine:   fs.String("engine", "", "the stores' engine (only pebble can be rescaled)"),
 		n:        fs.Uint64("checkpoint", 0, "checkpoint to read (default: the newest one job-complete for every old task)"),
 		par:      fs.Int("parallelism", 8, "files fetched at once"),
+		partial:  fs.Bool("partial", false, "build the store from the --rescale-from tasks even if other tasks of the checkpoint hold keys in the range (their keys are then missing); without it such a rescale fails, naming them"),
 	}
 }
 
@@ -76,7 +79,7 @@ func (f rescaleFlags) options() (restore.RescaleOptions, error) {
 		seen[t] = true
 	}
 	return restore.RescaleOptions{Job: *f.job, From: from, Start: start, End: end, Engine: *f.engine,
-		Checkpoint: *f.n, Parallelism: *f.par}, nil
+		Checkpoint: *f.n, Parallelism: *f.par, Partial: *f.partial}, nil
 }
 
 // runRescaleRestore is `ckpt restore --rescale-from`.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/ckpt-io/ckpt/savepoint"
+	"github.com/ckpt-io/ckpt/storage"
 )
 
 func runSavepoint(ctx context.Context, args []string) error {
@@ -37,7 +38,7 @@ func runSavepoint(ctx context.Context, args []string) error {
 		return err
 	}
 	defer src.Close()
-	if err := savepoint.CheckApart(src.String(), *to); err != nil {
+	if err := savepoint.CheckApart(storage.LocationOf(src), *to); err != nil {
 		return usageError{err}
 	}
 	dst, err := openStore(ctx, *to)

@@ -49,6 +49,7 @@ var (
 	_ storage.Store             = (*Store)(nil)
 	_ storage.IncompleteCleaner = (*Store)(nil)
 	_ storage.RangeReader       = (*Store)(nil)
+	_ storage.Locator           = (*Store)(nil)
 )
 
 // Open opens the store rooted at dir, which must be an absolute path to an
@@ -87,6 +88,15 @@ func New(dir string) (*Store, error) {
 func (s *Store) Root() string { return s.root }
 
 func (s *Store) String() string { return "file://" + s.root }
+
+// Location returns file:// and the root's real path: a store reached
+// through a symlink is located where its files are.
+func (s *Store) Location() string {
+	if r, err := filepath.EvalSymlinks(s.root); err == nil {
+		return "file://" + r
+	}
+	return "file://" + s.root
+}
 
 func (s *Store) Close() error { return nil }
 

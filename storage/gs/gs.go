@@ -98,6 +98,7 @@ type Store struct {
 var (
 	_ storage.Store       = (*Store)(nil)
 	_ storage.RangeReader = (*Store)(nil)
+	_ storage.Locator     = (*Store)(nil)
 )
 
 // New connects to the bucket and checks with one request (no retries) that
@@ -142,6 +143,16 @@ func New(ctx context.Context, o Options) (*Store, error) {
 // String returns gs://bucket/prefix.
 func (s *Store) String() string {
 	return "gs://" + s.name + "/" + strings.TrimSuffix(s.prefix, "/")
+}
+
+// Location returns gs://bucket/prefix with the endpoint the store talks to
+// (empty for Google's own).
+func (s *Store) Location() string {
+	endpoint := s.endpoint
+	if strings.HasPrefix(endpoint, "of Google") {
+		endpoint = ""
+	}
+	return s.String() + "?endpoint=" + url.QueryEscape(endpoint)
 }
 
 // CopyFrom copies srcKey of src to key with the service's rewrite when src

@@ -166,6 +166,7 @@ var (
 	_ storage.Store             = (*Store)(nil)
 	_ storage.IncompleteCleaner = (*Store)(nil)
 	_ storage.RangeReader       = (*Store)(nil)
+	_ storage.Locator           = (*Store)(nil)
 )
 
 // New connects to the bucket and checks, with one HeadBucket request, that
@@ -270,6 +271,16 @@ func New(ctx context.Context, o Options) (*Store, error) {
 // String returns s3://bucket/prefix.
 func (s *Store) String() string {
 	return "s3://" + s.bucket + "/" + strings.TrimSuffix(s.prefix, "/")
+}
+
+// Location returns s3://bucket/prefix with the endpoint the store talks to
+// (empty for AWS's own).
+func (s *Store) Location() string {
+	endpoint := s.endpoint
+	if strings.HasPrefix(endpoint, "of AWS region ") {
+		endpoint = ""
+	}
+	return s.String() + "?endpoint=" + url.QueryEscape(endpoint)
 }
 
 // Close releases idle connections.
