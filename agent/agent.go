@@ -29,8 +29,8 @@ import (
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
-	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
 	"github.com/ckpt-io/ckpt/uploader"
 )

@@ -151,6 +151,10 @@ func TestAZombiesRetentionNeverLeavesTheTaskWithNothingToRestore(t *testing.T) {
 	if r := cat.Retained(task); len(r) != 1 || r[0].Checkpoint != 1 {
 		t.Fatalf("retained %+v after the zombie's retention, want checkpoint 1 (the one the new owner resumed from)", r)
 	}
+	// A fenced owner retires nothing (the readers' rule aside).
+	if _, err := shared.Stat(ctx, manifests.RetiredKeyOf("job", task, 1, 1)); !errors.Is(err, storage.ErrNotFound) {
+		t.Fatalf("the superseded owner wrote a retirement of 1: %v", err)
+	}
 	res, err := restore.Run(ctx, restore.Options{Store: shared, Job: "job", Task: task, Target: filepath.Join(t.TempDir(), "r"), IfCheckpointExists: true})
 	if err != nil || !res.Restored || res.Checkpoint != 1 {
 		t.Fatalf("restore --if-checkpoint-exists: %+v, %v: want checkpoint 1 restored", res, err)
