@@ -363,3 +363,52 @@ func TestNoFencedManifestIsEverListedOrRestored(t *testing.T) {
 		})
 	})
 }
+
+// A task whose storage holds checkpoints that cannot be used (its
+// ownership record does not decode) fails the restore loudly, even with
+// --if-checkpoint-exists: reporting "no checkpoint" would start the app
+// empty. A task with fenced manifests only has nothing to restore.
+func TestARestoreThatFindsCheckpointsButNoneUsableFailsLoudly(t *testing.T) {
+	ctx := context.Background()
+	s, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	commitPlain := func(task string, n, epoch uint64) {
+		body := []byte("CURRENT\n")
+		sum := sha256.Sum256(body)
+		mf := &manifests.Manifest{Job: "job", Task: task, Checkpoint: n, Epoch: epoch,
+			Files:    []manifests.File{{Name: "CURRENT", Kind: manifests.Private, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:]), Inline: body, Uploaded: true}},
+			FullSize: int64(len(body))}
+		enc, err := mf.Encode(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := manifests.Commit(ctx, s, mf, enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commitPlain("bad", 1, 0)
+	junk := []byte("{not json")
+	if err := s.Put(ctx, manifests.OwnerKey("job", "bad", 1), bytes.NewReader(junk), int64(len(junk))); err != nil {
+		t.Fatal(err)
+	}
+	res, err := restore.Run(ctx, restore.Options{Store: s, Job: "job", Task: "bad", Target: filepath.Join(t.TempDir(), "r"), IfCheckpointExists: true})
+	if err == nil || errors.Is(err, restore.ErrNoCheckpoint) {
+		t.Fatalf("restore of a task whose checkpoints cannot be used: %+v, %v; want a loud error", res, err)
+	}
+	// Fenced only: the owner of epoch 2 resumed from nothing, and epoch
+	// 1's checkpoint 1 came after its takeover.
+	for _, e := range []uint64{1, 2} {
+		rec := manifests.Owner{Task: "fenced", Epoch: e}
+		data, _ := json.Marshal(rec)
+		if err := s.Create(ctx, manifests.OwnerKey("job", "fenced", e), bytes.NewReader(data), int64(len(data))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commitPlain("fenced", 1, 1)
+	res, err = restore.Run(ctx, restore.Options{Store: s, Job: "job", Task: "fenced", Target: filepath.Join(t.TempDir(), "r"), IfCheckpointExists: true})
+	if err != nil || res.Restored {
+		t.Fatalf("restore of a task with fenced checkpoints only: %+v, %v; want nothing to restore", res, err)
+	}
+}
