@@ -688,7 +688,7 @@ func (a *Agent) landed(ctx context.Context, m *manifests.Manifest, encoded []byt
 //
 // Retirement is fenced like a commit: it is written in the name of owner
 // (retired.e<epoch>), and only after a look at the task's ownership
-// records shows own still the newest; a fenced owner retires nothing. (A
+// records shows owner still the newest; a fenced owner retires nothing. (A
 // takeover between that look and the writes is covered by the readers'
 // rule, manifests.markerCounts.)
 func (a *Agent) committed(ctx context.Context, t *task, owner manifests.Owner, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
