@@ -30,6 +30,7 @@ import (
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
 	"github.com/ckpt-io/ckpt/uploader"
 )
@@ -789,15 +790,7 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 	go func() {
 		defer a.jobs.Done()
 		defer parent.Close()
-		// A restore is the first thing a task's new home does: it takes the
-		// task's ownership (or, if this agent holds it, checks it still does).
-		if _, err := a.own(ctx, req.Task, true, true); err != nil {
-			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
-			return
-		}
-		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent,
-			Target: target, Parent: parent.File()})
-		if err != nil {
+		fail := func(err error) {
 			code := protocol.CodeInternal
 			var pe *protocol.Error
 			switch {
@@ -807,10 +800,30 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 				code = protocol.CodeNotFound
 			case errors.Is(err, restore.ErrTargetNotEmpty):
 				code = protocol.CodeConflict
-			case diskFull(err):
-				code = protocol.CodeUnavailable // free space, then retry: nothing was placed
+			case diskFull(err), retry.Transient(err):
+				code = protocol.CodeUnavailable // free space, or wait for storage, then retry: nothing was placed
 			}
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: &protocol.Error{Code: code, Message: err.Error()}})
+		}
+		// Only a checkpoint in storage makes a task: a restore of a task
+		// that has none takes no ownership, and so writes nothing to
+		// storage and adds no task to the status page or the metrics.
+		if _, err := restore.Pick(ctx, restore.Options{Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task,
+			Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent}); err != nil {
+			fail(err)
+			return
+		}
+		// A restore is the first thing a task's new home does: it takes the
+		// task's ownership (or, if this agent holds it, checks it still
+		// does; if a newer owner fenced it, it takes the task back).
+		if _, err := a.own(ctx, req.Task, true, true); err != nil {
+			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
+			return
+		}
+		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent,
+			Target: target, Parent: parent.File()})
+		if err != nil {
+			fail(err)
 			return
 		}
 		if a.tenant != nil && res != nil && res.Restored {

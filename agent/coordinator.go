@@ -1,11 +1,13 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"github.com/ckpt-io/ckpt/engines"
 	"go.opentelemetry.io/otel"
+	"io"
 	"slices"
 	"sort"
 	"sync"
@@ -18,6 +20,7 @@ import (
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
 	"github.com/ckpt-io/ckpt/uploader"
@@ -564,6 +567,28 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 	ck.at("committing the manifest")
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = a.commit(ctx, m, encoded, hold)
+	reconciled := false
+	if err != nil && !errors.Is(err, manifests.ErrMarked) && !errors.Is(err, manifests.ErrStale) {
+		// The write's outcome is unknown (a timeout or a lost reply may
+		// hide a write that landed; a conflict on this owner's own key
+		// may be this very write, retried): storage decides.
+		ck.at("checking whether the manifest landed")
+		ok, lerr := a.landed(ctx, m, encoded)
+		switch {
+		case ok:
+			a.log.Warn("manifest commit reported an error, but the manifest is in storage: the checkpoint is complete", "task", t.name, "checkpoint", req.Checkpoint, "err", err)
+			err, reconciled = nil, true
+		default:
+			if lerr != nil {
+				err = fmt.Errorf("%w (and whether the manifest landed is unknown: %v)", err, lerr)
+			}
+			// If the write lands later, the next checkpoint's load
+			// learns it from storage.
+			a.mu.Lock()
+			t.loaded = false
+			a.mu.Unlock()
+		}
+	}
 	commitSpan.End()
 	if err != nil {
 		if errors.Is(err, manifests.ErrMarked) || errors.Is(err, manifests.ErrStale) {
@@ -578,6 +603,12 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 	// Committed: from here on nothing fails the checkpoint, and the
 	// timeout only cuts short the checks and retention that follow.
 	after, cancel := detached(ctx)
+	if reconciled {
+		// Past the timeout: the checks and retention get a bound of
+		// their own, so that status and retention agree with storage.
+		cancel()
+		after, cancel = context.WithTimeout(context.WithoutCancel(ctx), reconcileTimeout)
+	}
 	defer cancel()
 	if err := manifests.CheckCommitted(after, a.cfg.Store, a.cfg.Job, own, req.Checkpoint); err != nil {
 		if errors.Is(err, manifests.ErrFenced) {
@@ -587,7 +618,7 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 		// readers to decide. Most likely it did not.
 		a.log.Warn("check ownership after commit", "task", t.name, "checkpoint", req.Checkpoint, "err", err)
 	}
-	a.committed(after, t, m, encoded, ck.snap)
+	a.committed(after, t, own, m, encoded, ck.snap)
 	dur := time.Since(ck.start).Milliseconds()
 	ck.result = telemetry.CheckpointRecord{CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
 		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, BytesUploaded: m.CheckpointSize}
@@ -629,10 +660,43 @@ func (a *Agent) commit(ctx context.Context, m *manifests.Manifest, encoded []byt
 	}
 }
 
+// reconcileTimeout bounds the look at storage after a manifest write
+// whose outcome is unknown, and the steps after it.
+var reconcileTimeout = 30 * time.Second
+
+// landed reports whether storage holds the manifest of m with exactly the
+// bytes encoded: a commit that timed out or lost its reply may have landed.
+// It ignores ctx's cancellation and deadline (the checkpoint's timeout may
+// be what ended the write) and is bounded by reconcileTimeout.
+func (a *Agent) landed(ctx context.Context, m *manifests.Manifest, encoded []byte) (bool, error) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), reconcileTimeout)
+	defer cancel()
+	key := manifests.ManifestKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch)
+	rc, err := a.cfg.Store.Get(rctx, key)
+	if errors.Is(err, storage.ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", key, err)
+	}
+	defer rc.Close()
+	data, err := io.ReadAll(io.LimitReader(rc, int64(len(encoded))+1))
+	if err != nil {
+		return false, fmt.Errorf("read %s: %w", key, err)
+	}
+	return bytes.Equal(data, encoded), nil
+}
+
 // committed updates the task after its manifest was written: local copy,
 // retained set, and retention of older manifests. Failures here are logged;
 // the checkpoint is complete whatever happens to its local copy.
-func (a *Agent) committed(ctx context.Context, t *task, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
+//
+// Retirement is fenced like a commit: it is written in the name of owner
+// (retired.e<epoch>), and only after a look at the task's ownership
+// records shows owner still the newest; a fenced owner retires nothing. (A
+// takeover between that look and the writes is covered by the readers'
+// rule, manifests.markerCounts.)
+func (a *Agent) committed(ctx context.Context, t *task, owner manifests.Owner, m *manifests.Manifest, encoded []byte, snap *localrecovery.Snapshot) {
 	var prev *uploader.Previous
 	if l, err := a.local.CompleteInspected(t.name, m.Checkpoint, m, encoded, snap.Files); err != nil {
 		a.log.Warn("keep local copy", "task", t.name, "checkpoint", m.Checkpoint, "err", err)
@@ -668,6 +732,19 @@ func (a *Agent) committed(ctx context.Context, t *task, m *manifests.Manifest, e
 		keep := append(manifests.Pending(t.retained, t.jobComplete, time.Now()), protect)
 		_, retire = manifests.Retention(refs, a.cfg.Retain, keep...)
 	}
+	a.mu.Unlock()
+	if len(retire) == 0 {
+		return
+	}
+	// Still the owner? A superseded owner's view of the task is stale: the
+	// checkpoints it would retire may be the ones its successor resumed
+	// from. Not retired, they stay in the retained set.
+	if err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, owner); err != nil {
+		a.fence(t, err)
+		a.log.Warn("retention skipped: cannot confirm this agent still owns the task", "task", t.name, "checkpoint", m.Checkpoint, "err", err)
+		return
+	}
+	a.mu.Lock()
 	t.retained = slices.DeleteFunc(t.retained, func(r *manifests.Manifest) bool {
 		return slices.ContainsFunc(retire, func(old manifests.Ref) bool { return old.Checkpoint == r.Checkpoint })
 	})
@@ -675,7 +752,7 @@ func (a *Agent) committed(ctx context.Context, t *task, m *manifests.Manifest, e
 	// A task retires older manifests only after a newer one is complete.
 	for _, old := range retire {
 		failpoint.Hit(failpoint.MidRetire) // before each retirement: with AFTER=k, k retired, the rest not
-		if err := manifests.Retire(ctx, a.cfg.Store, a.cfg.Job, t.name, old.Checkpoint); err != nil {
+		if err := manifests.RetireAt(ctx, a.cfg.Store, a.cfg.Job, t.name, old.Checkpoint, owner.Epoch); err != nil {
 			a.log.Warn("retire", "task", t.name, "checkpoint", old.Checkpoint, "err", err)
 		}
 	}
@@ -831,7 +908,8 @@ func restored(res *restore.Result) *protocol.Restored {
 // own returns this agent's ownership of task, taking it on the first call
 // (epoch one above the last, by conditional create) and caching it. With
 // recheck, a cached ownership is checked against storage first. A fenced
-// agent gets its *manifests.FencedError, for good.
+// agent gets its *manifests.FencedError, until a restore (restoring) takes
+// the task back at a new epoch: a task may move A -> B -> A.
 //
 // Taking a task from an owner on another node is a move, and a task moves
 // by a restore: the restore op (restoring), or `ckpt restore --local-dir`
@@ -849,13 +927,18 @@ func (a *Agent) own(ctx context.Context, name string, recheck, restoring bool) (
 	owner, fenced := t.owner, t.fenced
 	a.mu.Unlock()
 	switch {
-	case fenced != nil:
+	case fenced != nil && !restoring:
 		return manifests.Owner{}, fenced
+	case fenced != nil:
+		// The task moves back here (A -> B -> A): re-owned below.
 	case owner != nil && recheck:
-		if err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, *owner); err != nil {
+		err := manifests.CheckOwner(ctx, a.cfg.Store, a.cfg.Job, *owner)
+		if err == nil {
+			return *owner, nil
+		}
+		if !restoring || !errors.Is(err, manifests.ErrFenced) {
 			return manifests.Owner{}, a.fence(t, err)
 		}
-		return *owner, nil
 	case owner != nil:
 		return *owner, nil
 	}
@@ -873,21 +956,34 @@ func (a *Agent) own(ctx context.Context, name string, recheck, restoring bool) (
 	if err != nil {
 		return manifests.Owner{}, err
 	}
-	a.log.Info("took ownership of task", "task", name, "epoch", rec.Epoch, "after", rec.After, "node", rec.Node, "agent_id", rec.AgentID)
+	a.log.Info("took ownership of task", "task", name, "epoch", rec.Epoch, "after", rec.After, "node", rec.Node, "agent_id", rec.AgentID, "again", owner != nil)
 	a.mu.Lock()
-	t.owner = &rec
+	t.owner, t.fenced = &rec, nil
 	// What was loaded before (nothing, normally) may predate the takeover.
 	t.loaded = false
+	if owner != nil {
+		// Re-owned after a newer owner held the task: what this agent
+		// knew of it is stale (its last checkpoints may even be fenced).
+		// The load that follows reads the task afresh from storage.
+		t.retained, t.prev, t.prevM, t.hashes, t.problems = nil, nil, nil, nil, nil
+		t.lastCompleted, t.lastSize, t.lastFull, t.jobComplete = 0, 0, 0, 0
+	}
 	a.mu.Unlock()
 	return rec, nil
 }
 
-// fence records, for good, that a newer owner fenced this agent for t when
-// err is a *manifests.FencedError; it returns err.
+// fence records that a newer owner fenced this agent for t when err is a
+// *manifests.FencedError, until a restore re-owns the task (own); it
+// returns err.
+//
+// An error about an ownership this agent no longer holds (a checkpoint of
+// an earlier epoch, still in flight when a restore re-owned the task) does
+// not fence the newer one.
 func (a *Agent) fence(t *task, err error) error {
-	if errors.Is(err, manifests.ErrFenced) {
+	var fe *manifests.FencedError
+	if errors.As(err, &fe) {
 		a.mu.Lock()
-		if t.fenced == nil {
+		if t.fenced == nil && (t.owner == nil || t.owner.Epoch <= fe.Mine) {
 			t.fenced = err
 			a.log.Warn("fenced: another agent owns the task now; its requests here fail with conflict", "task", t.name, "err", err)
 		}

@@ -50,6 +50,62 @@ type Catalog struct {
 	// StrayMarkers are retired markers whose manifest is gone.
 	StrayMarkers []string
 	ListedAt     time.Time
+	// markers holds the keys of every retention marker of each valid
+	// checkpoint, those that count and those that do not.
+	markers map[taskN][]string
+}
+
+// taskN names one checkpoint of one task.
+type taskN struct {
+	task string
+	n    uint64
+}
+
+// marker is a retention marker found by Scan.
+type marker struct {
+	epoch uint64 // 0: written without one (RetiredKey)
+	info  storage.ObjectInfo
+}
+
+// MarkerKeys returns the keys of every retention marker of checkpoint n of
+// task found by the scan (GC deletes them with the manifest).
+func (c *Catalog) MarkerKeys(task string, n uint64) []string {
+	return c.markers[taskN{task, n}]
+}
+
+// The retirement rule every reader applies (inside Scan), the counterpart
+// of the fencing rule for retention markers:
+//
+//   - A task's newest valid checkpoint is never retired, whatever markers
+//     name it: no writer retires it on purpose (Retention keeps it), so a
+//     marker on it is a superseded owner's, retiring from a stale view of
+//     the task, and obeying it would leave the task nothing to restore.
+//   - A marker of epoch e >= 1 (retired.e<e>) counts only if it was its
+//     owner's to write: if a newer owner took the task over, the first
+//     record k > e must have after_k > N, i.e. the taker saw a newer
+//     checkpoint than N, so that retiring N left the task something. A
+//     superseded owner's late retirement of the checkpoint the taker
+//     resumed from (or of any newer one) is ignored, for good: records
+//     are never deleted. A marker whose deciding record is unreadable is
+//     ignored too (ignoring a marker keeps more, never less).
+//   - A marker without an epoch (retired, written by agents older than
+//     epoch markers, or by writers without ownership) cannot be placed
+//     in time: it counts, except on the newest valid checkpoint.
+//
+// Ignored markers stay in storage (they are harmless) and go with their
+// checkpoint when GC deletes it.
+func markerCounts(ow *Owners, n, epoch uint64) bool {
+	if epoch == 0 || ow == nil {
+		return true
+	}
+	for _, k := range ow.Epochs {
+		if k <= epoch {
+			continue
+		}
+		r, ok := ow.Records[k]
+		return ok && n < r.After
+	}
+	return true
 }
 
 // Retained returns the complete, not retired checkpoints of task (all tasks
@@ -79,19 +135,16 @@ func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, err
 	}
 	c := &Catalog{Job: job, Private: map[string]storage.ObjectInfo{}, ListedAt: time.Now(),
 		Owners: map[string]*Owners{}, OwnerProblems: map[string]error{}}
-	type id struct {
-		task string
-		n    uint64
-	}
+	type id = taskN
 	byTask := map[string][]Ref{}
-	markers := map[id]storage.ObjectInfo{}
+	markers := map[id][]marker{}
 	err := s.List(ctx, prefix, func(o storage.ObjectInfo) error {
 		k := parseTaskKey(job, o.Key)
 		switch k.kind {
 		case keyManifest:
 			byTask[k.task] = append(byTask[k.task], Ref{Task: k.task, Checkpoint: k.n, Created: o.ModTime, ManifestSize: o.Size, Epoch: k.epoch, Key: o.Key})
 		case keyRetired:
-			markers[id{k.task, k.n}] = o
+			markers[id{k.task, k.n}] = append(markers[id{k.task, k.n}], marker{epoch: k.epoch, info: o})
 		case keyPrivate:
 			c.Private[o.Key] = o
 		case keyOwner:
@@ -108,14 +161,26 @@ func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, err
 		return nil, fmt.Errorf("scan checkpoints of job %s in %s: %w", job, s, err)
 	}
 	refs := map[id]*Ref{}
+	newest := map[string]uint64{} // each task's newest valid checkpoint
 	for t, rs := range byTask {
 		ow := c.Owners[t]
 		valid := rs
 		if ow != nil {
 			sort.Slice(ow.Epochs, func(i, j int) bool { return ow.Epochs[i] < ow.Epochs[j] })
+			// The records that can fence a manifest or overrule a
+			// retention marker present.
 			oldest := rs[0].Epoch
 			for _, r := range rs {
 				oldest = min(oldest, r.Epoch)
+			}
+			for k, ms := range markers {
+				if k.task == t {
+					for _, m := range ms {
+						if m.epoch > 0 {
+							oldest = min(oldest, m.epoch)
+						}
+					}
+				}
 			}
 			err := readOwners(ctx, s, job, ow, oldest)
 			var bad *OwnerError
@@ -133,16 +198,27 @@ func Scan(ctx context.Context, s storage.Store, job, task string) (*Catalog, err
 		for i := range valid {
 			r := valid[i]
 			refs[id{r.Task, r.Checkpoint}] = &r
+			newest[t] = max(newest[t], r.Checkpoint)
 			if c.OwnerProblems[t] != nil {
 				c.Refs = append(c.Refs, r) // every manifest, kept whole
 			}
 		}
 	}
-	for k, m := range markers {
-		if r, ok := refs[k]; ok {
-			r.Retired, r.RetiredAt = true, m.ModTime
-		} else {
-			c.StrayMarkers = append(c.StrayMarkers, m.Key)
+	c.markers = map[id][]string{}
+	for k, ms := range markers {
+		r, ok := refs[k]
+		for _, m := range ms {
+			if !ok {
+				c.StrayMarkers = append(c.StrayMarkers, m.info.Key)
+				continue
+			}
+			c.markers[id(k)] = append(c.markers[id(k)], m.info.Key)
+			if k.n == newest[k.task] || !markerCounts(c.Owners[k.task], k.n, m.epoch) {
+				continue // see markerCounts
+			}
+			if !r.Retired || m.info.ModTime.After(r.RetiredAt) {
+				r.Retired, r.RetiredAt = true, m.info.ModTime
+			}
 		}
 	}
 	for _, r := range refs {
@@ -328,12 +404,23 @@ func Commit(ctx context.Context, s storage.Store, m *Manifest, encoded []byte) e
 	return nil
 }
 
-// Retire writes the retention marker of checkpoint n. From then on the
-// checkpoint is no longer listed, restored or used for deduplication; its
-// objects stay live for the GC grace period that the marker's time starts,
-// so a checkpoint in flight that chose to reuse them can still commit.
+// Retire writes the retention marker of checkpoint n without an epoch,
+// for writers that own nothing: see RetireAt.
 func Retire(ctx context.Context, s storage.Store, job, task string, n uint64) error {
-	if err := s.Put(ctx, RetiredKey(job, task, n), bytes.NewReader(nil), 0); err != nil {
+	return RetireAt(ctx, s, job, task, n, 0)
+}
+
+// RetireAt writes the retention marker of checkpoint n in the name of the
+// owner of epoch (retired.e<epoch>). From then on the checkpoint is no
+// longer listed, restored or used for deduplication; its objects stay live
+// for the GC grace period that the marker's time starts, so a checkpoint
+// in flight that chose to reuse them can still commit. Readers ignore the
+// marker if the task had passed to a newer owner that resumed from n or a
+// newer checkpoint, and on the task's newest valid checkpoint (see
+// markerCounts): the writer checks its ownership first (CheckOwner), and
+// this rule covers a takeover between that check and this write.
+func RetireAt(ctx context.Context, s storage.Store, job, task string, n, epoch uint64) error {
+	if err := s.Put(ctx, RetiredKeyOf(job, task, n, epoch), bytes.NewReader(nil), 0); err != nil {
 		return fmt.Errorf("retire %s checkpoint %d: %w", task, n, err)
 	}
 	return nil

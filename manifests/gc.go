@@ -236,9 +236,14 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 			}
 			for _, old := range retire {
 				if !opts.DryRun {
-					if err := Retire(ctx, s, job, task, old.Checkpoint); err != nil {
+					// In the name of the task's newest owner as listed:
+					// a takeover since the scan overrules it (markerCounts).
+					epoch := cat.Owners[task].Latest()
+					if err := RetireAt(ctx, s, job, task, old.Checkpoint, epoch); err != nil {
 						return rep, err
 					}
+					k := taskN{task, old.Checkpoint}
+					cat.markers[k] = append(cat.markers[k], RetiredKeyOf(job, task, old.Checkpoint, epoch))
 				}
 				for j := range cat.Refs {
 					if cat.Refs[j].Task == task && cat.Refs[j].Checkpoint == old.Checkpoint {
@@ -316,7 +321,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	rep.DeletedManifests = len(meta)
 	var markers []string
 	for _, r := range expired {
-		markers = append(markers, RetiredKey(job, r.Task, r.Checkpoint))
+		markers = append(markers, cat.MarkerKeys(r.Task, r.Checkpoint)...)
 	}
 	markers = append(markers, cat.StrayMarkers...)
 	if !opts.DryRun && len(markers) > 0 {

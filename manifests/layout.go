@@ -11,7 +11,8 @@ import (
 //	<job>/shared/<hh>/<sha256>-<size>          shared files, content-addressed (SHA-256)
 //	<job>/shared/<hh>/b3-<blake3>-<size>       shared files, content-addressed (BLAKE3)
 //	<job>/tasks/<task>/chk/<N:020>/manifest    written last: the checkpoint exists iff it does
-//	<job>/tasks/<task>/chk/<N:020>/retired     retention marker; its time starts the GC grace
+//	<job>/tasks/<task>/chk/<N:020>/retired     retention marker of an agent without an epoch; its time starts the GC grace
+//	<job>/tasks/<task>/chk/<N:020>/retired.e<epoch:020>      a retention marker written by (or for) the owner of epoch >= 1
 //	<job>/tasks/<task>/chk/<N:020>/private/<name>
 //	<job>/tasks/<task>/chk/<N:020>/manifest.e<epoch:020>     a manifest written by the owner of epoch >= 1
 //	<job>/tasks/<task>/chk/<N:020>/private.e<epoch:020>/<name>
@@ -76,8 +77,20 @@ func ManifestKeyOf(job, task string, n, epoch uint64) string {
 	return fmt.Sprintf("%smanifest.e%020d", CheckpointPrefix(job, task, n), epoch)
 }
 
-// RetiredKey is the retention marker of checkpoint n.
+// RetiredKey is the retention marker of checkpoint n written without an
+// epoch (by a writer that owns nothing, or by an agent older than epoch
+// markers; see Scan for how such a marker is read).
 func RetiredKey(job, task string, n uint64) string { return CheckpointPrefix(job, task, n) + "retired" }
+
+// RetiredKeyOf is the retention marker of checkpoint n written by the
+// owner of epoch: RetiredKey for epoch 0, retired.e<epoch:020> beside it
+// otherwise.
+func RetiredKeyOf(job, task string, n, epoch uint64) string {
+	if epoch == 0 {
+		return RetiredKey(job, task, n)
+	}
+	return fmt.Sprintf("%sretired.e%020d", CheckpointPrefix(job, task, n), epoch)
+}
 
 // PrivateKey is where a private file of checkpoint n lives when not inline.
 func PrivateKey(job, task string, n uint64, name string) string {
@@ -155,8 +168,8 @@ func parseTaskKey(job, key string) taskKey {
 	k := taskKey{task: parts[0], n: n}
 	if e, ok := parseEpochSuffix(parts[3], "manifest"); ok && len(parts) == 4 {
 		k.epoch, k.kind = e, keyManifest
-	} else if len(parts) == 4 && parts[3] == "retired" {
-		k.kind = keyRetired
+	} else if e, ok := parseEpochSuffix(parts[3], "retired"); ok && len(parts) == 4 {
+		k.epoch, k.kind = e, keyRetired
 	} else if e, ok := parseEpochSuffix(parts[3], "private"); ok && len(parts) == 5 {
 		k.epoch, k.kind = e, keyPrivate
 	}

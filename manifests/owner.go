@@ -28,7 +28,8 @@ package manifests
 //   - The old owner's work up to the takeover survives: every checkpoint the
 //     taker saw complete and valid has N <= after_k, so record k does not
 //     fence it, and later records saw it too (their after is at least as
-//     high, since retention never retires a task's newest checkpoint).
+//     high, since retention never retires a task's newest checkpoint, and
+//     readers count no retention marker on it: see markerCounts).
 //   - A zombie (epoch e < k) that commits after the taker's scan commits
 //     an N the taker did not see. Checkpoint numbers increase per task, and
 //     an agent refuses N at or below the newest complete one it knows, so

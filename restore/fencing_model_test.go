@@ -5,10 +5,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -30,6 +32,24 @@ type fenceAgent struct {
 	fenced  map[string]bool
 	last    map[string]uint64
 	pending map[string]*manifests.Manifest
+	// known is the task's retained checkpoints as the agent remembers
+	// them; retiring holds a retention that passed its ownership check and
+	// is not written yet (a takeover may come in between); taking holds a
+	// takeover whose scan is done and whose record is not created yet.
+	known    map[string][]uint64
+	retiring map[string][]uint64
+	taking   map[string]*taking
+}
+
+type taking struct {
+	after uint64
+	known []uint64
+}
+
+func newFenceAgent(name string) *fenceAgent {
+	return &fenceAgent{name: name, owner: map[string]*manifests.Owner{}, fenced: map[string]bool{},
+		last: map[string]uint64{}, pending: map[string]*manifests.Manifest{},
+		known: map[string][]uint64{}, retiring: map[string][]uint64{}, taking: map[string]*taking{}}
 }
 
 type committedKey struct {
@@ -69,6 +89,89 @@ func (m *fenceModel) take(a *fenceAgent, task string) {
 	m.records[task] = append(m.records[task], rec)
 	a.owner[task], a.fenced[task], a.last[task] = &rec, false, rec.After
 	delete(a.pending, task) // a new incarnation; the old one's pending commit is lost
+	delete(a.retiring, task)
+	a.known[task] = m.retainedNs(task)
+}
+
+func (m *fenceModel) retainedNs(task string) []uint64 {
+	cat, err := manifests.Scan(m.ctx, m.s, "job", task)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	var out []uint64
+	for _, r := range cat.Retained(task) {
+		out = append(out, r.Checkpoint)
+	}
+	return out
+}
+
+// beginTake is the first half of a takeover: the scan that decides the
+// record's after. Commits and retirements may land before endTake.
+func (m *fenceModel) beginTake(a *fenceAgent, task string) {
+	cat, err := manifests.Scan(m.ctx, m.s, "job", task)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	tk := &taking{}
+	for _, r := range cat.Refs {
+		tk.after = max(tk.after, r.Checkpoint)
+	}
+	for _, r := range cat.Retained(task) {
+		tk.known = append(tk.known, r.Checkpoint)
+	}
+	a.taking[task] = tk
+}
+
+// endTake creates the record beginTake prepared, as TakeOwnership does.
+func (m *fenceModel) endTake(a *fenceAgent, task string) {
+	tk := a.taking[task]
+	if tk == nil {
+		return
+	}
+	delete(a.taking, task)
+	rec := manifests.Owner{Task: task, Epoch: uint64(len(m.records[task]) + 1), Node: "node-" + a.name, AgentID: a.name, Created: time.Now().UTC(), After: tk.after}
+	data, err := json.Marshal(rec)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	if err := m.s.Create(m.ctx, manifests.OwnerKey("job", task, rec.Epoch), bytes.NewReader(data), int64(len(data))); err != nil {
+		m.t.Fatal(err)
+	}
+	m.records[task] = append(m.records[task], rec)
+	a.owner[task], a.fenced[task], a.last[task] = &rec, false, rec.After
+	delete(a.pending, task)
+	delete(a.retiring, task)
+	a.known[task] = tk.known
+}
+
+// prepareRetire is an owner's retention (keep 1) from memory, after its
+// ownership check: a fenced owner retires nothing. The retirements are
+// written later (retire), a takeover may come in between.
+func (m *fenceModel) prepareRetire(a *fenceAgent, task string) {
+	own := a.owner[task]
+	if own == nil || a.fenced[task] || len(a.known[task]) < 2 {
+		return
+	}
+	if err := manifests.CheckOwner(m.ctx, m.s, "job", *own); err != nil {
+		if !errors.Is(err, manifests.ErrFenced) {
+			m.t.Fatal(err)
+		}
+		a.fenced[task] = true
+		return
+	}
+	k := a.known[task]
+	a.retiring[task] = append(a.retiring[task], k[:len(k)-1]...)
+	a.known[task] = k[len(k)-1:]
+}
+
+// retire writes a prepared retention, whatever happened since its check.
+func (m *fenceModel) retire(a *fenceAgent, task string) {
+	for _, n := range a.retiring[task] {
+		if err := manifests.RetireAt(m.ctx, m.s, "job", task, n, a.owner[task].Epoch); err != nil {
+			m.t.Fatal(err)
+		}
+	}
+	delete(a.retiring, task)
 }
 
 func (m *fenceModel) prepare(a *fenceAgent, task string, skip uint64) {
@@ -124,8 +227,38 @@ func (m *fenceModel) commit(a *fenceAgent, task string) {
 	}
 	if fenced {
 		a.fenced[task] = true
-	} else if mf.Checkpoint > a.last[task] {
+		return
+	}
+	if mf.Checkpoint > a.last[task] {
 		a.last[task] = mf.Checkpoint
+	}
+	a.known[task] = append(a.known[task], mf.Checkpoint)
+	slices.Sort(a.known[task])
+	m.prepareRetire(a, task) // as the agent does right after its commit
+}
+
+// slowTakeover is a takeover by a that the task's other agents overtake:
+// between its scan and its record they may commit (and check their
+// ownership for retention), and after its record they may write the
+// retirements they decided before it.
+func (m *fenceModel) slowTakeover(t *rapid.T, a *fenceAgent, task string) {
+	m.beginTake(a, task)
+	for _, z := range m.agents {
+		if z == a || z.owner[task] == nil {
+			continue
+		}
+		if rapid.Bool().Draw(t, "prepare before the record") {
+			m.prepare(z, task, 0)
+		}
+		if rapid.Bool().Draw(t, "commit before the record") {
+			m.commit(z, task)
+		}
+	}
+	m.endTake(a, task)
+	for _, z := range m.agents {
+		if z != a && rapid.Bool().Draw(t, "retire after the record") {
+			m.retire(z, task)
+		}
 	}
 }
 
@@ -181,9 +314,18 @@ func (m *fenceModel) check() {
 		if len(r) == 0 || r[len(r)-1].Checkpoint != newest {
 			m.t.Fatalf("task %s: newest valid checkpoint %d is not the newest listed (%+v)", task, newest, r)
 		}
+		// What a restore picks (it restores every listed one above).
+		if n, err := restore.Pick(m.ctx, restore.Options{Store: m.s, Job: "job", Task: task}); err != nil || n != newest {
+			m.t.Fatalf("task %s: a restore picks %d, %v; want checkpoint %d", task, n, err, newest)
+		}
 	}
 }
 
+// Random interleavings of commits, takeovers (atomic, or with commits and
+// retirements between the takeover's scan and its record), retentions
+// from memory written after a takeover, and GC, by three agents: no
+// fenced manifest is listed or restored, and every task keeps its newest
+// valid checkpoint listed and restorable.
 func TestNoFencedManifestIsEverListedOrRestored(t *testing.T) {
 	rapid.Check(t, func(rt *rapid.T) {
 		s, err := file.New(t.TempDir())
@@ -191,18 +333,27 @@ func TestNoFencedManifestIsEverListedOrRestored(t *testing.T) {
 			rt.Fatal(err)
 		}
 		m := &fenceModel{t: rt, tt: t, ctx: context.Background(), s: s, records: map[string][]manifests.Owner{}, content: map[committedKey][]byte{}}
-		for _, name := range []string{"A", "B"} {
-			m.agents = append(m.agents, &fenceAgent{name: name, owner: map[string]*manifests.Owner{}, fenced: map[string]bool{},
-				last: map[string]uint64{}, pending: map[string]*manifests.Manifest{}})
+		for _, name := range []string{"A", "B", "C"}[:rapid.IntRange(2, 3).Draw(rt, "agents")] {
+			m.agents = append(m.agents, newFenceAgent(name))
 		}
+		tasks := []string{"x", "y"}[:rapid.IntRange(1, 2).Draw(rt, "tasks")]
 		agent := func(t *rapid.T) *fenceAgent { return rapid.SampledFrom(m.agents).Draw(t, "agent") }
-		task := func(t *rapid.T) string { return rapid.SampledFrom([]string{"x", "y"}).Draw(t, "task") }
+		task := func(t *rapid.T) string { return rapid.SampledFrom(tasks).Draw(t, "task") }
 		rt.Repeat(map[string]func(*rapid.T){
 			"take over": func(t *rapid.T) { m.take(agent(t), task(t)) },
 			"prepare": func(t *rapid.T) {
 				m.prepare(agent(t), task(t), rapid.Uint64Range(0, 1).Draw(t, "skip"))
 			},
-			"commit": func(t *rapid.T) { m.commit(agent(t), task(t)) },
+			"commit":             func(t *rapid.T) { m.commit(agent(t), task(t)) },
+			"begin a takeover":   func(t *rapid.T) { m.beginTake(agent(t), task(t)) },
+			"end a takeover":     func(t *rapid.T) { m.endTake(agent(t), task(t)) },
+			"slow takeover":      func(t *rapid.T) { m.slowTakeover(t, agent(t), task(t)) },
+			"retire from memory": func(t *rapid.T) { m.retire(agent(t), task(t)) },
+			"gc without grace": func(t *rapid.T) {
+				if _, err := manifests.GC(m.ctx, m.s, "job", manifests.GCOptions{Grace: 0}); err != nil {
+					t.Fatal(err)
+				}
+			},
 			"gc with retention": func(t *rapid.T) {
 				if _, err := manifests.GC(m.ctx, m.s, "job", manifests.GCOptions{Retain: 2, Grace: time.Hour}); err != nil {
 					t.Fatal(err)
@@ -211,4 +362,53 @@ func TestNoFencedManifestIsEverListedOrRestored(t *testing.T) {
 			"": func(t *rapid.T) { m.check() },
 		})
 	})
+}
+
+// A task whose storage holds checkpoints that cannot be used (its
+// ownership record does not decode) fails the restore loudly, even with
+// --if-checkpoint-exists: reporting "no checkpoint" would start the app
+// empty. A task with fenced manifests only has nothing to restore.
+func TestARestoreThatFindsCheckpointsButNoneUsableFailsLoudly(t *testing.T) {
+	ctx := context.Background()
+	s, err := file.New(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	commitPlain := func(task string, n, epoch uint64) {
+		body := []byte("CURRENT\n")
+		sum := sha256.Sum256(body)
+		mf := &manifests.Manifest{Job: "job", Task: task, Checkpoint: n, Epoch: epoch,
+			Files:    []manifests.File{{Name: "CURRENT", Kind: manifests.Private, Size: int64(len(body)), SHA256: hex.EncodeToString(sum[:]), Inline: body, Uploaded: true}},
+			FullSize: int64(len(body))}
+		enc, err := mf.Encode(0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := manifests.Commit(ctx, s, mf, enc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commitPlain("bad", 1, 0)
+	junk := []byte("{not json")
+	if err := s.Put(ctx, manifests.OwnerKey("job", "bad", 1), bytes.NewReader(junk), int64(len(junk))); err != nil {
+		t.Fatal(err)
+	}
+	res, err := restore.Run(ctx, restore.Options{Store: s, Job: "job", Task: "bad", Target: filepath.Join(t.TempDir(), "r"), IfCheckpointExists: true})
+	if err == nil || errors.Is(err, restore.ErrNoCheckpoint) {
+		t.Fatalf("restore of a task whose checkpoints cannot be used: %+v, %v; want a loud error", res, err)
+	}
+	// Fenced only: the owner of epoch 2 resumed from nothing, and epoch
+	// 1's checkpoint 1 came after its takeover.
+	for _, e := range []uint64{1, 2} {
+		rec := manifests.Owner{Task: "fenced", Epoch: e}
+		data, _ := json.Marshal(rec)
+		if err := s.Create(ctx, manifests.OwnerKey("job", "fenced", e), bytes.NewReader(data), int64(len(data))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	commitPlain("fenced", 1, 1)
+	res, err = restore.Run(ctx, restore.Options{Store: s, Job: "job", Task: "fenced", Target: filepath.Join(t.TempDir(), "r"), IfCheckpointExists: true})
+	if err != nil || res.Restored {
+		t.Fatalf("restore of a task with fenced checkpoints only: %+v, %v; want nothing to restore", res, err)
+	}
 }

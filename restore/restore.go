@@ -662,6 +662,21 @@ func wholeAndUnchanged(l *localrecovery.Local, m *manifests.Manifest) bool {
 	return true
 }
 
+// Pick returns the checkpoint a restore with o would restore (o's Store,
+// Job, Task, Checkpoint and JobConsistent), reading only storage: an
+// error wrapping ErrNoCheckpoint when there is none. The agent's restore
+// op asks it before it takes the task's ownership, so that naming a task
+// that has no checkpoint writes nothing.
+func Pick(ctx context.Context, o Options) (uint64, error) {
+	if err := manifests.ValidName("job", o.Job); err != nil {
+		return 0, err
+	}
+	if err := manifests.ValidName("task", o.Task); err != nil {
+		return 0, err
+	}
+	return pick(ctx, o)
+}
+
 // pick chooses the checkpoint: the requested one if it is complete and
 // retained, else the newest.
 func pick(ctx context.Context, o Options) (uint64, error) {
@@ -692,9 +707,40 @@ func pick(ctx context.Context, o Options) (uint64, error) {
 		return 0, fmt.Errorf("%w: checkpoint %d of task %s is not a complete retained checkpoint in %s (see ckpt list)", ErrNoCheckpoint, o.Checkpoint, o.Task, o.Store)
 	}
 	if len(refs) == 0 {
-		return 0, fmt.Errorf("%w: storage %s holds no checkpoint of task %s in job %s", ErrNoCheckpoint, o.Store, o.Task, o.Job)
+		return 0, noneUsable(cat, o)
 	}
 	return refs[len(refs)-1].Checkpoint, nil
+}
+
+// noneUsable is pick's error when the task has no retained checkpoint.
+// Only a task whose storage holds no complete checkpoint at all (or
+// fenced ones only: a superseded owner's late commits, which its
+// successor never resumed from) has nothing to restore, ErrNoCheckpoint.
+// Checkpoints that exist but cannot be used (retired, ownership records
+// that do not decode) fail loudly: starting the app empty would lose its
+// state (`restore --if-checkpoint-exists` passes over ErrNoCheckpoint).
+func noneUsable(cat *manifests.Catalog, o Options) error {
+	if err := cat.OwnerProblems[o.Task]; err != nil {
+		return fmt.Errorf("restore of task %s: storage %s holds checkpoints of it, but none can be used: %w", o.Task, o.Store, err)
+	}
+	var valid, fenced int
+	for _, r := range cat.Refs {
+		if r.Task == o.Task {
+			valid++
+		}
+	}
+	for _, r := range cat.Fenced {
+		if r.Task == o.Task {
+			fenced++
+		}
+	}
+	if valid > 0 {
+		return fmt.Errorf("restore of task %s: storage %s holds %d complete checkpoints of it, but every one is retired: refusing to report no checkpoint (to restore one, remove its retired markers, chk/<N>/retired*, in storage)", o.Task, o.Store, valid)
+	}
+	if fenced > 0 {
+		return fmt.Errorf("%w: storage %s holds no checkpoint of task %s in job %s (only %d fenced ones, committed by a superseded owner after a takeover)", ErrNoCheckpoint, o.Store, o.Task, o.Job, fenced)
+	}
+	return fmt.Errorf("%w: storage %s holds no checkpoint of task %s in job %s", ErrNoCheckpoint, o.Store, o.Task, o.Job)
 }
 
 // isEmptyOrAbsent reports whether target is absent or an empty directory.
