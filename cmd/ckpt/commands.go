@@ -52,6 +52,13 @@ func runRestore(ctx context.Context, args []string) error {
 	if *jobConsistent && *n != 0 {
 		return usageError{fmt.Errorf("--job-consistent picks the checkpoint: do not give --checkpoint too")}
 	}
+	for _, n := range []struct{ kind, name string }{{"job", *job}, {"task", *task}} {
+		if n.name != "" {
+			if err := manifests.ValidName(n.kind, n.name); err != nil {
+				return usageError{err}
+			}
+		}
+	}
 	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
