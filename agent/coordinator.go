@@ -243,9 +243,13 @@ func (a *Agent) checkpoint(c *conn, req protocol.Request) {
 		return
 	}
 	failpoint.Hit(failpoint.AfterLink) // files linked into the local store, "synced" not yet sent
-	if snap.Copied > 0 {
+	if crossDevice := snap.Copied - snap.CopiedNotPermitted; crossDevice > 0 {
 		a.log.Warn("snapshot copied, not hard-linked: the local dir is on another device than the snapshot; put --local-dir on the app's filesystem for instant sync phases",
-			"task", req.Task, "checkpoint", req.Checkpoint, "files_copied", snap.Copied)
+			"task", req.Task, "checkpoint", req.Checkpoint, "files_copied", crossDevice)
+	}
+	if snap.CopiedNotPermitted > 0 {
+		a.log.Warn("snapshot copied, not hard-linked: the kernel refuses hard links to files of another user that the agent may not write (fs.protected_hardlinks); run the agent as the app's uid for instant sync phases",
+			"task", req.Task, "checkpoint", req.Checkpoint, "files_copied", snap.CopiedNotPermitted)
 	}
 	ck.snap = snap
 	ck.synced = time.Now()

@@ -332,18 +332,14 @@ func checkpoints(ctx context.Context, e *env, o Options) (*Report, map[uint64]*w
 		}
 		exps[n] = w.Snapshot()
 		t0 := time.Now()
-		// Flush the memtable first, as RocksDB's checkpoint does by default
-		// (and Flink relies on): otherwise every checkpoint carries the
-		// whole unflushed WAL, up to a memtable's worth, as a private file.
-		if err := w.DB().Flush(); err != nil {
-			return nil, nil, w, fmt.Errorf("flush before checkpoint %d: %w", n, err)
-		}
-		compacted := w.LSM().CompactedBytes
+		// The helper flushes the memtable first (see package
+		// client/pebble): the app's pause includes the flush.
 		p, err := ckptpebble.Checkpoint(ctx, e.client, w.DB(), e.storeDir, task, n)
 		if err != nil {
 			return nil, nil, w, fmt.Errorf("checkpoint %d: %w", n, err)
 		}
 		pause := time.Since(t0)
+		compacted := w.LSM().CompactedBytes
 		ev, err := p.Wait(ctx)
 		if err != nil {
 			return nil, nil, w, fmt.Errorf("checkpoint %d: %w", n, err)

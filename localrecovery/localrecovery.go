@@ -11,7 +11,8 @@
 // Hard links cost no bytes and no time proportional to the state, but need
 // the local dir on the same filesystem as the app's store; across devices
 // the files are copied, which is slow, and the Snapshot says so (Copied) so
-// the agent can warn. The sync phase works on the snapshot dir through the handle the
+// the agent can warn. So are the files the kernel refuses to link because
+// the agent runs as another user (CopiedNotPermitted). The sync phase works on the snapshot dir through the handle the
 // agent opened under its allowed root (TakeDir), never through its path,
 // and Inspect refuses files not owned by the snapshot dir's owner (the
 // rule against hard links to other users' files; see Inspect for what it
@@ -141,6 +142,12 @@ type Snapshot struct {
 	// Copied counts files that had to be copied because the snapshot lives on
 	// another device than the local store.
 	Copied int
+	// CopiedNotPermitted counts files copied because the kernel refused
+	// to hard-link them (EPERM): the agent runs as another uid than the
+	// app, does not own them and may not write them, and
+	// fs.protected_hardlinks is on (see LinkNotPermittedError). They are
+	// counted in Copied too.
+	CopiedNotPermitted int
 	// HandedOff is true when the snapshot directory itself was moved into
 	// the store (Take with handoff).
 	HandedOff bool
@@ -200,7 +207,8 @@ func (s *Store) Take(task string, n uint64, src string, handoff bool) (*Snapshot
 // src is an open directory (see safefs), and every operation on its files
 // goes through its fd: the entries are read from the fd, each file is
 // hard-linked with linkat(src, name, dst, name, 0) (which never follows a
-// symlink), and a copy (across devices) opens the file with
+// symlink), and a copy (across devices, or where the kernel refuses the
+// link: see LinkNotPermittedError) opens the file with
 // openat(src, name, O_NOFOLLOW). A path the peer could swap is never
 // walked again. This costs one link(2) per file, about 20 µs each on ext4.
 // With handoff true the caller gives src up (it would delete it after
@@ -270,7 +278,8 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 		if err == nil {
 			continue
 		}
-		if !errors.Is(err, unix.EXDEV) {
+		notPermitted := errors.Is(err, unix.EPERM)
+		if !errors.Is(err, unix.EXDEV) && !notPermitted {
 			os.RemoveAll(dst)
 			return nil, fmt.Errorf("link %s into the local store %s: %w", name, dst, err)
 		}
@@ -280,7 +289,13 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 			if errors.As(err, &bad) {
 				return nil, err
 			}
+			if notPermitted {
+				return nil, &LinkNotPermittedError{Name: name, LocalDir: dst, CopyErr: err}
+			}
 			return nil, fmt.Errorf("copy %s into the local store %s: %w", name, dst, err)
+		}
+		if notPermitted {
+			sn.CopiedNotPermitted++
 		}
 		sn.Copied++
 		if sn.copied == nil {
@@ -290,6 +305,27 @@ func (s *Store) TakeDir(task string, n uint64, src *safefs.Dir, handoff bool) (*
 	}
 	return sn, nil
 }
+
+// LinkNotPermittedError says the kernel refused to hard-link a snapshot
+// file into the local store (EPERM) and the copy that replaces the link
+// failed too. Linux refuses link(2) to a file the caller neither owns nor
+// may read and write when fs.protected_hardlinks is 1 (the default): an
+// agent running as another uid than the app that made the snapshot.
+type LinkNotPermittedError struct {
+	Name     string // the snapshot file
+	LocalDir string // where it was to be linked
+	CopyErr  error  // why the copy failed
+}
+
+func (e *LinkNotPermittedError) Error() string {
+	return fmt.Sprintf("link %s into the local store %s: operation not permitted: the agent runs as another user than the one owning the file, "+
+		"and the kernel refuses hard links to files it may not both read and write (fs.protected_hardlinks); "+
+		"copying it instead failed too: %v; run the agent as the app's uid, or let the agent read the snapshot files "+
+		"(e.g. a group both share, and files created group-readable), or make the agent's uid the owner",
+		e.Name, e.LocalDir, e.CopyErr)
+}
+
+func (e *LinkNotPermittedError) Unwrap() error { return unix.EPERM }
 
 // handOff renames the snapshot dir name in parent to to/chk, and keeps it
 // there only if it is the directory that was opened and listed (dir): a

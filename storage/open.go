@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"sort"
@@ -9,6 +10,20 @@ import (
 	"sync"
 	"time"
 )
+
+// ErrBadURL marks the errors of a storage URL that names no store: one that
+// does not parse, an unknown scheme, or options its backend refuses. It is
+// the user's mistake (bad usage), not a store that cannot be reached.
+var ErrBadURL = errors.New("bad storage URL")
+
+type badURLError struct{ error }
+
+func (e badURLError) Is(target error) bool { return target == ErrBadURL }
+func (e badURLError) Unwrap() error        { return e.error }
+
+// BadURL marks err (a backend's refusal of its URL) as ErrBadURL, its
+// message unchanged.
+func BadURL(err error) error { return badURLError{err} }
 
 // Opener opens a store for a parsed storage URL.
 type Opener func(ctx context.Context, u *url.URL) (Store, error)
@@ -37,7 +52,7 @@ func RegisterParsed[O any, S Store](scheme string, parse func(*url.URL) (O, erro
 	Register(scheme, func(ctx context.Context, u *url.URL) (Store, error) {
 		o, err := parse(u)
 		if err != nil {
-			return nil, err
+			return nil, BadURL(err)
 		}
 		return open(ctx, o)
 	})
@@ -67,7 +82,7 @@ func SetFallback(f Fallback) {
 func Open(ctx context.Context, rawURL string) (Store, error) {
 	u, err := url.Parse(rawURL)
 	if err != nil {
-		return nil, fmt.Errorf("storage URL %q: %w", rawURL, err)
+		return nil, BadURL(fmt.Errorf("storage URL %q: %w", rawURL, err))
 	}
 	registryMu.RLock()
 	open, ok := registry[u.Scheme]
@@ -85,7 +100,7 @@ func Open(ctx context.Context, rawURL string) (Store, error) {
 	}
 	if !ok {
 		sort.Strings(schemes)
-		return nil, fmt.Errorf("storage URL %q: unknown scheme %q (use one of %s)", redact(u), u.Scheme, strings.Join(schemes, ", "))
+		return nil, BadURL(fmt.Errorf("storage URL %q: unknown scheme %q (use one of %s)", redact(u), u.Scheme, strings.Join(schemes, ", ")))
 	}
 	return open(ctx, u)
 }

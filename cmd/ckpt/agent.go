@@ -16,6 +16,7 @@ import (
 	"github.com/ckpt-io/ckpt/statuspage"
 
 	"github.com/ckpt-io/ckpt/agent"
+	"github.com/ckpt-io/ckpt/client"
 	"github.com/ckpt-io/ckpt/engines"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
@@ -126,7 +127,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 
 // agentFlagSet is the agent's flag set with its usage text.
 func agentFlagSet() (*flag.FlagSet, *agentOptions) {
-	fs := newFlags("agent", "--socket PATH --storage URL --job NAME --local-dir DIR [flags]",
+	fs := newFlags("agent", "--socket PATH --storage URL --job NAME --local-dir DIR --allow-root DIR... [flags]",
 		"ckpt agent --socket /run/ckpt/ckpt.sock --storage s3://bucket/ckpt --job orders --local-dir /data/ckpt-local --allow-root /data\n"+
 			"  CKPT_STORAGE=gs://bucket/ckpt CKPT_ALLOW_ROOT=/data,/cache ckpt agent --config /etc/ckpt/agent.yaml")
 	o := defineAgentFlags(fs)
@@ -332,16 +333,26 @@ func recordRestore(ctx context.Context, tel *telemetry.Telemetry, task string, r
 }
 
 func runTrigger(ctx context.Context, args []string) error {
-	fs := newFlags("trigger", "--socket PATH --task T --checkpoint N --dir DIR [--json]",
+	fs := newFlags("trigger", "--socket PATH --task T --checkpoint N --dir DIR [--engine E] [--wait D] [--json]",
 		"ckpt trigger --socket /run/ckpt/ckpt.sock --task orders-3 --checkpoint 42 --dir /data/orders-3/.ckpt-42")
 	socket := fs.String("socket", "", "the agent's Unix socket")
 	task := fs.String("task", "", "task name")
 	n := fs.Uint64("checkpoint", 0, "checkpoint number (positive, increasing per task)")
 	dir := fs.String("dir", "", "absolute path of the snapshot directory (an engine checkpoint)")
-	engine := fs.String("engine", "", "engine that made the snapshot (pebble, rocksdb, generic)")
+	engine := fs.String("engine", "", "engine that made the snapshot (pebble, rocksdb, generic); without it the checkpoint is generic, and drills cannot open it to check it")
+	wait := fs.Duration("wait", client.DefaultDialWait, "how long to wait for an agent to listen on --socket (0: fail at once)")
 	asJSON := fs.Bool("json", false, "print the completed (or failed) event as JSON")
 	if err := parse(fs, args, "socket", "task", "checkpoint", "dir"); err != nil {
 		return err
+	}
+	if err := manifests.ValidName("task", *task); err != nil {
+		return usageError{err}
+	}
+	if *n == 0 {
+		return usageError{errors.New("--checkpoint must be positive (checkpoint numbers start at 1 and increase per task)")}
+	}
+	if *wait < 0 {
+		return usageError{errors.New("--wait must not be negative")}
 	}
 	if err := loadPlugins(ctx); err != nil {
 		return err
@@ -349,7 +360,10 @@ func runTrigger(ctx context.Context, args []string) error {
 	if _, err := engines.Lookup(*engine); err != nil {
 		return usageError{fmt.Errorf("--engine: %w", err)}
 	}
-	return trigger(ctx, *socket, *task, *n, *dir, *engine, *asJSON)
+	if *engine == "" {
+		fmt.Fprintln(os.Stderr, "note: no --engine: the checkpoint is recorded as generic, and drills will not open it to check it (give --engine pebble or rocksdb)")
+	}
+	return trigger(ctx, *socket, *task, *n, *dir, *engine, *wait, *asJSON)
 }
 
 // createFileStorage creates the directory of a file:// storage URL (for

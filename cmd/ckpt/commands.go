@@ -52,6 +52,13 @@ func runRestore(ctx context.Context, args []string) error {
 	if *jobConsistent && *n != 0 {
 		return usageError{fmt.Errorf("--job-consistent picks the checkpoint: do not give --checkpoint too")}
 	}
+	for _, n := range []struct{ kind, name string }{{"job", *job}, {"task", *task}} {
+		if n.name != "" {
+			if err := manifests.ValidName(n.kind, n.name); err != nil {
+				return usageError{err}
+			}
+		}
+	}
 	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
@@ -163,6 +170,13 @@ func runList(ctx context.Context, args []string) error {
 	cat, err := manifests.Scan(ctx, st, *job, *task)
 	if err != nil {
 		return err
+	}
+	if len(cat.Refs) == 0 {
+		msg, err := nothingStored(ctx, st, *job, *task)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(os.Stderr, msg)
 	}
 	// A listing keeps each manifest's totals: the file tables are walked
 	// (and checked), never held.
@@ -316,6 +330,17 @@ func runVerify(ctx context.Context, args []string) error {
 	if *n != 0 && res.Checkpoints == 0 {
 		return fmt.Errorf("checkpoint %d of task %s is not a complete retained checkpoint (see ckpt list)", *n, *task)
 	}
+	if res.Checkpoints == 0 && len(cat.Refs) == 0 {
+		// Nothing verified is no success: a misspelled --job or --task.
+		msg, err := nothingStored(ctx, st, *job, *task)
+		if err != nil {
+			return err
+		}
+		if *asJSON {
+			printJSON(res) // "ok": false
+		}
+		return errors.New(msg)
+	}
 	res.OK = len(res.Problems) == 0
 	if *asJSON {
 		printJSON(res)
@@ -361,6 +386,13 @@ func runGC(ctx context.Context, args []string) error {
 	rep, err := manifests.GC(ctx, st, *job, manifests.GCOptions{Retain: *retain, Grace: *grace, DryRun: *dry})
 	if err != nil {
 		return err
+	}
+	if rep.RetainedCheckpoints == 0 {
+		if cat, err := manifests.Scan(ctx, st, *job, ""); err == nil && len(cat.Refs) == 0 {
+			if msg, err := nothingStored(ctx, st, *job, ""); err == nil {
+				fmt.Fprintln(os.Stderr, msg)
+			}
+		}
 	}
 	if *asJSON {
 		return printJSON(rep)

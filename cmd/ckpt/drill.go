@@ -57,10 +57,11 @@ func runDrill(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("drill of %s checkpoint %d: %d files, %s restored from storage and verified in %d ms (%s/s)",
 		res.Task, res.Checkpoint, res.Files, human.Bytes(res.Bytes), res.DurationMS, human.Bytes(int64(res.ThroughputBytesPerS)))
-	if res.EngineChecked {
+	switch {
+	case res.EngineChecked:
 		fmt.Printf("; the store opens, %d keys", res.Keys)
-	} else if *engine != "" {
-		fmt.Printf("; not opened: engine %s cannot open stores in this process (is its plugin in --plugin-dir?)", *engine)
+	case !*noCheck:
+		fmt.Printf("; not opened: the checkpoint names no engine that can open stores here (made without --engine or \"engine\"?); give --engine to check it")
 	}
 	fmt.Println()
 	return nil
@@ -80,7 +81,15 @@ func drillCheck(engine string, noCheck bool) (func(ctx context.Context, engine, 
 	if err != nil {
 		return nil, usageError{fmt.Errorf("--engine: %w (an engine plugin is found with --plugin-dir)", err)}
 	}
-	return func(ctx context.Context, _ string, dir string) (engines.Result, error) { return e.Check(ctx, dir) }, nil
+	return func(ctx context.Context, _ string, dir string) (engines.Result, error) {
+		r, err := e.Check(ctx, dir)
+		if err == nil && !r.Checked {
+			// Asked to check, it must: a built-in name without its plugin
+			// (rocksdb) opens nothing.
+			return r, fmt.Errorf("engine %s cannot open stores in this process: its plugin (ckpt-plugin-%s) is not in --plugin-dir", engine, engine)
+		}
+		return r, err
+	}, nil
 }
 
 // jobDrill is `ckpt drill` without --task: every task of the newest

@@ -116,3 +116,46 @@ func TestListCarriesTheEpochAndHidesFencedManifests(t *testing.T) {
 		t.Fatalf("list --json: %s, want checkpoint 1 alone with \"epoch\":0", stdout)
 	}
 }
+
+// A misspelled --job or --task is no empty success: list and gc say that
+// it holds nothing and name the jobs (or tasks) that hold checkpoints, and
+// verify fails.
+func TestCommandsSayAMisspelledJobHoldsNothing(t *testing.T) {
+	url, s := storageDir(t)
+	commitManifest(t, s, "orders", "orders-0", 1, "a")
+	commitManifest(t, s, "payments", "payments-0", 1, "b")
+	t.Setenv(manifests.UnsafeMinGCGraceEnv, "0s")
+	for _, c := range []struct {
+		args []string
+		code int
+		want []string
+	}{
+		{[]string{"list", "--job", "ordres"}, 0, []string{`job "ordres" holds no checkpoint`, "orders, payments", "--job"}},
+		{[]string{"list", "--job", "ordres", "--json"}, 0, []string{`job "ordres" holds no checkpoint`, "orders, payments"}},
+		{[]string{"verify", "--job", "ordres"}, 1, []string{`job "ordres" holds no checkpoint`, "orders, payments"}},
+		{[]string{"verify", "--job", "ordres", "--json"}, 1, []string{`job "ordres" holds no checkpoint`}},
+		{[]string{"verify", "--job", "orders", "--task", "orders-9"}, 1, []string{`task "orders-9" of job "orders" holds no checkpoint`, "orders-0", "--task"}},
+		{[]string{"list", "--job", "orders", "--task", "orders-9"}, 0, []string{`task "orders-9"`, "orders-0"}},
+		{[]string{"gc", "--job", "ordres", "--grace", "0s"}, 0, []string{`job "ordres" holds no checkpoint`, "orders, payments"}},
+	} {
+		code, stdout, stderr := runCaptured(t, append(c.args, "--storage", url)...)
+		if code != c.code {
+			t.Errorf("%v: exit %d, want %d\n%s%s", c.args, code, c.code, stdout, stderr)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(stderr, w) {
+				t.Errorf("%v: stderr does not say %q:\n%s", c.args, w, stderr)
+			}
+		}
+	}
+	// A job that holds checkpoints says nothing of the kind.
+	code, stdout, stderr := runCaptured(t, "verify", "--storage", url, "--job", "orders")
+	if code != 0 || strings.Contains(stderr, "holds no checkpoint") {
+		t.Errorf("verify of a job with checkpoints: exit %d\n%s%s", code, stdout, stderr)
+	}
+	// An empty store says so.
+	empty, _ := storageDir(t)
+	if code, _, stderr := runCaptured(t, "verify", "--storage", empty, "--job", "orders"); code != 1 || !strings.Contains(stderr, "no job there holds one") {
+		t.Errorf("verify on an empty store: exit %d\n%s", code, stderr)
+	}
+}

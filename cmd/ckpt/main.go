@@ -239,6 +239,9 @@ func openStore(ctx context.Context, rawURL string) (storage.Store, error) {
 		return nil, err
 	}
 	s, err := storage.Open(ctx, rawURL)
+	if errors.Is(err, storage.ErrBadURL) {
+		return nil, usageError{err}
+	}
 	if err != nil {
 		return nil, err
 	}

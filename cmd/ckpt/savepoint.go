@@ -10,7 +10,7 @@ import (
 )
 
 func runSavepoint(ctx context.Context, args []string) error {
-	fs := newFlags("savepoint", "--storage URL --job J --task T [--checkpoint N | --job-consistent] --to URL2 [--json]",
+	fs := newFlags("savepoint", "--storage URL --job J --task T [--checkpoint N | --job-consistent] --to URL2 [--overwrite] [--json]",
 		"ckpt savepoint --storage s3://bucket/ckpt --job orders --task orders-3 --to gs://archive/orders-before-upgrade --json")
 	store := fs.String("storage", "", "the job's storage URL (only read)")
 	job := fs.String("job", "", "job name")

@@ -3,19 +3,27 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
+	"time"
 
 	"github.com/ckpt-io/ckpt/client"
 )
 
-func trigger(ctx context.Context, socket, task string, n uint64, dir, engine string, asJSON bool) error {
+func trigger(ctx context.Context, socket, task string, n uint64, dir, engine string, wait time.Duration, asJSON bool) error {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return usageError{err}
 	}
-	c, err := client.Dial(ctx, socket)
+	c, err := client.Dial(ctx, socket, client.WithDialWait(0))
+	if err != nil && wait > 0 && (errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ECONNREFUSED)) {
+		// Say why nothing happens for a while: a mistyped --socket waits too.
+		fmt.Fprintf(os.Stderr, "no agent listens on %s yet (%v); waiting up to %v for one (--wait)\n", socket, errors.Unwrap(err), wait)
+		c, err = client.Dial(ctx, socket, client.WithDialWait(wait))
+	}
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ import (
 func init() {
 	storage.Register("file", func(_ context.Context, u *url.URL) (storage.Store, error) {
 		if u.Host != "" && u.Host != "localhost" {
-			return nil, fmt.Errorf("storage URL file://%s%s: a file URL needs an absolute path, as in file:///var/lib/ckpt", u.Host, u.Path)
+			return nil, storage.BadURL(fmt.Errorf("storage URL file://%s%s: a file URL needs an absolute path, as in file:///var/lib/ckpt", u.Host, u.Path))
 		}
 		return Open(u.Path)
 	})
