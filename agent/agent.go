@@ -114,6 +114,10 @@ type Config struct {
 	Logger  *slog.Logger
 	// Telemetry receives metrics and history; nil records nothing.
 	Telemetry *telemetry.Telemetry
+	// StorageProbeInterval is how often the agent checks that storage
+	// answers, for ckpt_storage_up and /healthz/storage's page (default
+	// DefaultStorageProbeInterval).
+	StorageProbeInterval time.Duration
 	// DrillInterval, when positive, runs Drill for every task with a
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
@@ -332,6 +336,10 @@ type Agent struct {
 	cores []*Agent
 	// tenant, on a core, is the tenant it serves (nil in sidecar mode).
 	tenant *Tenant
+	// volume, in sidecar mode, is the identity of the volume the local dir
+	// is on (localrecovery.Store.VolumeID): the agent's identity as an
+	// owner. Empty in node-agent mode, where the node is.
+	volume string
 }
 
 // New checks cfg and prepares an agent; Run serves it.
@@ -370,7 +378,12 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Node == "" {
 		cfg.Node = host
 	}
+	volume, err := local.VolumeID()
+	if err != nil {
+		return nil, err
+	}
 	return &Agent{
+		volume: volume,
 		cfg: cfg, log: cfg.Logger, local: local, roots: roots,
 		presence: uploader.NewPresence(cfg.Store, manifests.SharedPrefix(cfg.Job), cfg.ReuseCheckMaxAge),
 		agentID:  host + "-" + hex.EncodeToString(id),
@@ -491,6 +504,8 @@ func (a *Agent) start(ctx context.Context) (unlock func(), err error) {
 
 // background starts a core's drills and scrubs, which stop with ctx.
 func (a *Agent) background(ctx context.Context) {
+	a.jobs.Add(1)
+	go a.probeStorage(ctx)
 	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
 		a.jobs.Add(1)
 		go a.drills(ctx)
@@ -608,9 +623,11 @@ func (a *Agent) drills(ctx context.Context) {
 	}
 }
 
-// ReadyCheck reports nil when the agent can take checkpoints: its socket is
-// open and accepts connections, it is not shutting down, and storage
-// answers.
+// ReadyCheck reports nil when the agent's socket serves: it is open and
+// accepts connections, and the agent is not shutting down. Storage is not
+// asked (see StorageCheck): a storage outage must not make the app, whose
+// readiness a native sidecar's is part of, unready; checkpoints answer
+// unavailable meanwhile.
 func (a *Agent) ReadyCheck(ctx context.Context) error {
 	a.mu.Lock()
 	listening, draining, acceptErr := a.listening, a.draining, a.acceptErr
@@ -622,15 +639,6 @@ func (a *Agent) ReadyCheck(ctx context.Context) error {
 		return errors.New("socket not open yet")
 	case acceptErr != nil:
 		return fmt.Errorf("cannot accept connections: %w", acceptErr)
-	}
-	cores := a.cores
-	if cores == nil {
-		cores = []*Agent{a}
-	}
-	for _, c := range cores {
-		if _, err := c.cfg.Store.Stat(ctx, manifests.TasksPrefix(c.cfg.Job)+".ready-probe"); err != nil && !errors.Is(err, storage.ErrNotFound) {
-			return fmt.Errorf("storage %s unreachable: %w", c.cfg.Store, err)
-		}
 	}
 	return nil
 }

@@ -262,7 +262,7 @@ func runAgent(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	base, err := openStore(ctx, o.store)
+	base, err := openAgentStore(ctx, o.store, log)
 	if err != nil {
 		return err
 	}
@@ -310,7 +310,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return usageError{err}
 	}
 	if o.metricsAddr != "" {
-		addr, _, err := tel.Serve(ctx, o.metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: o.pprof, Page: statuspage.Render, Logger: log})
+		addr, _, err := tel.Serve(ctx, o.metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Storage: a.StorageCheck, Pprof: o.pprof, Page: statuspage.Render, Logger: log})
 		if err != nil {
 			return err
 		}
