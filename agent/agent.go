@@ -338,8 +338,10 @@ type Agent struct {
 	tenant *Tenant
 	// volume, in sidecar mode, is the identity of the volume the local dir
 	// is on (localrecovery.Store.VolumeID): the agent's identity as an
-	// owner. Empty in node-agent mode, where the node is.
-	volume string
+	// owner, made on first use (see volumeID). Empty in node-agent mode,
+	// where the node is.
+	volumeMu sync.Mutex
+	volume   string
 }
 
 // New checks cfg and prepares an agent; Run serves it.
@@ -378,12 +380,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Node == "" {
 		cfg.Node = host
 	}
-	volume, err := local.VolumeID()
-	if err != nil {
-		return nil, err
-	}
 	return &Agent{
-		volume: volume,
 		cfg: cfg, log: cfg.Logger, local: local, roots: roots,
 		presence: uploader.NewPresence(cfg.Store, manifests.SharedPrefix(cfg.Job), cfg.ReuseCheckMaxAge),
 		agentID:  host + "-" + hex.EncodeToString(id),

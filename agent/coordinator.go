@@ -867,7 +867,11 @@ func (a *Agent) own(ctx context.Context, name string, recheck, restoring bool) (
 		return fmt.Errorf("task %s is owned by agent %s on node %s (epoch %d): %w; an agent takes a task over from another node only by restoring it first (the restore op, or ckpt restore --local-dir into this agent's local dir)",
 			name, cur.AgentID, cur.Node, cur.Epoch, manifests.ErrOwnedElsewhere)
 	}
-	rec, err := manifests.TakeOwnershipOn(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, a.volume, a.agentID, may)
+	vol, err := a.volumeID()
+	if err != nil {
+		return manifests.Owner{}, err
+	}
+	rec, err := manifests.TakeOwnershipOn(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, vol, a.agentID, may)
 	if err != nil {
 		a.noteOutcome(context.WithoutCancel(ctx), name, err)
 		return manifests.Owner{}, err

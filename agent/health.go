@@ -136,22 +136,43 @@ func permissionDenied(err error) bool {
 }
 
 // succeeds reports whether this agent is the successor of cur, the newest
-// owner of task, and may take the task over without a restore: in
-// node-agent mode, cur ran on this node; in sidecar mode, cur ran on this
-// agent's volume (the pod's store moved with its volume to this node, or
-// stayed), or cur predates volume identities and either ran on this node
-// or a restore at this pod's start found the store already on this
-// volume (localrecovery.Store.RecordPresent).
+// owner of task, and may take the task over without a restore: cur ran
+// on this node (an agent restarted in place), or, in sidecar mode, on
+// this agent's volume (the pod's store moved with its volume, an EBS or PD
+// disk, to this node), or cur predates volume identities and a restore at
+// this pod's start found the store already on this volume
+// (localrecovery.Store.RecordPresent). In node-agent mode the node alone
+// decides.
 func (a *Agent) succeeds(task string, cur manifests.Owner) bool {
-	if a.volume == "" {
-		return cur.Node == a.cfg.Node
-	}
-	if cur.Volume != "" {
-		return cur.Volume == a.volume
-	}
 	if cur.Node == a.cfg.Node {
 		return true
 	}
+	vol, err := a.volumeID()
+	if err != nil || vol == "" {
+		return false
+	}
+	if cur.Volume != "" {
+		return cur.Volume == vol
+	}
 	v, ok := a.local.PresentOn(task)
-	return ok && v == a.volume
+	return ok && v == vol
+}
+
+// volumeID returns the identity of the volume the local dir is on (made
+// on first use: a refused request leaves nothing behind), or "" in
+// node-agent mode.
+func (a *Agent) volumeID() (string, error) {
+	if a.tenant != nil {
+		return "", nil
+	}
+	a.volumeMu.Lock()
+	defer a.volumeMu.Unlock()
+	if a.volume == "" {
+		v, err := a.local.VolumeID()
+		if err != nil {
+			return "", err
+		}
+		a.volume = v
+	}
+	return a.volume, nil
 }

@@ -87,7 +87,6 @@ func newNode(cfg Config) (*Agent, error) {
 			return nil, fmt.Errorf("tenant %s: %w", t.where(), err)
 		}
 		core.tenant = t
-		core.volume = "" // node-agent mode: the node is the identity
 		a.cores = append(a.cores, core)
 	}
 	return a, nil
