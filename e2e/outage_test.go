@@ -275,4 +275,3 @@ func TestAVanishedFileStorageIsAnOutageNotANewStore(t *testing.T) {
 	requireMetric(t, base, `ckpt_storage_up{ckpt_job="orders"} 1`)
 	a.stop()
 }
-

@@ -34,13 +34,13 @@ func Render(w io.Writer, v telemetry.View) error { return pageTmpl.Execute(w, ne
 type page struct {
 	Job, Storage, Version string
 	// StorageHealth is the last check of storage (nil: none yet).
-	StorageHealth *telemetry.StorageHealth
-	Now                   string
-	Tasks                 []taskPage
-	Retained, Logical     int64
-	GCDeleted             int64
-	Bar                   storageBar
-	JobStatus             *jobStatus // nil: no scan of the job yet
+	StorageHealth     *telemetry.StorageHealth
+	Now               string
+	Tasks             []taskPage
+	Retained, Logical int64
+	GCDeleted         int64
+	Bar               storageBar
+	JobStatus         *jobStatus // nil: no scan of the job yet
 }
 
 // jobStatus is the job as the last scan of storage saw it, formatted.

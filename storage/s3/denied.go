@@ -50,4 +50,3 @@ func (e *deniedError) Unwrap() error { return e.err }
 // PermissionDenied marks the error as a refusal of the caller's
 // permissions (the agent shows the task blocked).
 func (e *deniedError) PermissionDenied() bool { return true }
-
