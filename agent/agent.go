@@ -115,6 +115,10 @@ type Config struct {
 	Logger  *slog.Logger
 	// Telemetry receives metrics and history; nil records nothing.
 	Telemetry *telemetry.Telemetry
+	// StorageProbeInterval is how often the agent checks that storage
+	// answers, for ckpt_storage_up and /healthz/storage's page (default
+	// DefaultStorageProbeInterval).
+	StorageProbeInterval time.Duration
 	// DrillInterval, when positive, runs Drill for every task with a
 	// complete checkpoint that often, and publishes the result.
 	DrillInterval time.Duration
@@ -333,6 +337,12 @@ type Agent struct {
 	cores []*Agent
 	// tenant, on a core, is the tenant it serves (nil in sidecar mode).
 	tenant *Tenant
+	// volume, in sidecar mode, is the identity of the volume the local dir
+	// is on (localrecovery.Store.VolumeID): the agent's identity as an
+	// owner, made on first use (see volumeID). Empty in node-agent mode,
+	// where the node is.
+	volumeMu sync.Mutex
+	volume   string
 }
 
 // New checks cfg and prepares an agent; Run serves it.
@@ -492,6 +502,8 @@ func (a *Agent) start(ctx context.Context) (unlock func(), err error) {
 
 // background starts a core's drills and scrubs, which stop with ctx.
 func (a *Agent) background(ctx context.Context) {
+	a.jobs.Add(1)
+	go a.probeStorage(ctx)
 	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
 		a.jobs.Add(1)
 		go a.drills(ctx)
@@ -609,9 +621,11 @@ func (a *Agent) drills(ctx context.Context) {
 	}
 }
 
-// ReadyCheck reports nil when the agent can take checkpoints: its socket is
-// open and accepts connections, it is not shutting down, and storage
-// answers.
+// ReadyCheck reports nil when the agent's socket serves: it is open and
+// accepts connections, and the agent is not shutting down. Storage is not
+// asked (see StorageCheck): a storage outage must not make the app, whose
+// readiness a native sidecar's is part of, unready; checkpoints answer
+// unavailable meanwhile.
 func (a *Agent) ReadyCheck(ctx context.Context) error {
 	a.mu.Lock()
 	listening, draining, acceptErr := a.listening, a.draining, a.acceptErr
@@ -623,15 +637,6 @@ func (a *Agent) ReadyCheck(ctx context.Context) error {
 		return errors.New("socket not open yet")
 	case acceptErr != nil:
 		return fmt.Errorf("cannot accept connections: %w", acceptErr)
-	}
-	cores := a.cores
-	if cores == nil {
-		cores = []*Agent{a}
-	}
-	for _, c := range cores {
-		if _, err := c.cfg.Store.Stat(ctx, manifests.TasksPrefix(c.cfg.Job)+".ready-probe"); err != nil && !errors.Is(err, storage.ErrNotFound) {
-			return fmt.Errorf("storage %s unreachable: %w", c.cfg.Store, err)
-		}
 	}
 	return nil
 }

@@ -305,6 +305,7 @@ func (a *Agent) run(ck *checkpoint) {
 		defer cancel()
 	}
 	ev, err := a.upload(ctx, ck)
+	a.noteOutcome(context.WithoutCancel(ck.ctx), req.Task, err)
 	if err == nil {
 		ck.completed = true
 		// Metrics first, so that a client reading /metrics on completed sees
@@ -852,9 +853,11 @@ func (a *Agent) maybeSweep() {
 		a.sweeping, a.lastSweep = false, time.Now()
 		a.sweepMu.Unlock()
 		if err != nil {
-			a.log.Warn("gc", "err", err)
+			a.cfg.Telemetry.GCRun(context.WithoutCancel(ctx), "failed")
+			a.log.Error("gc failed: unreferenced objects stay in storage until a sweep succeeds", "err", err)
 			return
 		}
+		a.cfg.Telemetry.GCRun(ctx, "ok")
 		a.cfg.Telemetry.GCEnded(ctx, rep.LiveBytes, rep.DeletedObjects, rep.DeletedBytes)
 		a.log.Info("gc", "deleted_objects", rep.DeletedObjects, "deleted_bytes", rep.DeletedBytes,
 			"live_objects", rep.LiveObjects, "live_bytes", rep.LiveBytes, "retained_checkpoints", rep.RetainedCheckpoints)
@@ -947,7 +950,7 @@ func (a *Agent) own(ctx context.Context, name string, recheck, restoring bool) (
 		return *owner, nil
 	}
 	may := func(cur manifests.Owner) error {
-		if restoring || cur.Node == a.cfg.Node {
+		if restoring || a.succeeds(name, cur) {
 			return nil
 		}
 		if e, ok := a.local.TakeoverEpoch(name); ok && e == cur.Epoch {
@@ -956,8 +959,13 @@ func (a *Agent) own(ctx context.Context, name string, recheck, restoring bool) (
 		return fmt.Errorf("task %s is owned by agent %s on node %s (epoch %d): %w; an agent takes a task over from another node only by restoring it first (the restore op, or ckpt restore --local-dir into this agent's local dir)",
 			name, cur.AgentID, cur.Node, cur.Epoch, manifests.ErrOwnedElsewhere)
 	}
-	rec, err := manifests.TakeOwnershipIf(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, a.agentID, may)
+	vol, err := a.volumeID()
 	if err != nil {
+		return manifests.Owner{}, err
+	}
+	rec, err := manifests.TakeOwnershipOn(ctx, a.cfg.Store, a.cfg.Job, name, a.cfg.Node, vol, a.agentID, may)
+	if err != nil {
+		a.noteOutcome(context.WithoutCancel(ctx), name, err)
 		return manifests.Owner{}, err
 	}
 	a.log.Info("took ownership of task", "task", name, "epoch", rec.Epoch, "after", rec.After, "node", rec.Node, "agent_id", rec.AgentID, "again", owner != nil)
@@ -990,6 +998,7 @@ func (a *Agent) fence(t *task, err error) error {
 		if t.fenced == nil && (t.owner == nil || t.owner.Epoch <= fe.Mine) {
 			t.fenced = err
 			a.log.Warn("fenced: another agent owns the task now; its requests here fail with conflict", "task", t.name, "err", err)
+			defer a.noteOutcome(context.Background(), t.name, err)
 		}
 		a.mu.Unlock()
 	}

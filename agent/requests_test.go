@@ -130,7 +130,7 @@ func TestRefusedRequestsAreLoggedAndCounted(t *testing.T) {
 	tel.Handler(telemetry.ServerOptions{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	for k, n := range want {
-		line := fmt.Sprintf(`ckpt_requests_total{code=%q,job="job",op=%q} %d`, k[1], k[0], n)
+		line := fmt.Sprintf(`ckpt_requests_total{ckpt_job="job",code=%q,op=%q} %d`, k[1], k[0], n)
 		if !strings.Contains(string(body), line+"\n") {
 			t.Errorf("/metrics lacks %s", line)
 		}

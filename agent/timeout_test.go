@@ -72,8 +72,8 @@ func TestACheckpointPastItsTimeoutFailsAndTheNextStarts(t *testing.T) {
 	tel.Handler(telemetry.ServerOptions{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	body, _ := io.ReadAll(rec.Body)
 	for _, want := range []string{
-		`ckpt_checkpoints_total{job="job",status="timeout",task="t1"} 1`,
-		`ckpt_checkpoints_total{job="job",status="completed",task="t1"} 1`,
+		`ckpt_checkpoints_total{ckpt_job="job",status="timeout",task="t1"} 1`,
+		`ckpt_checkpoints_total{ckpt_job="job",status="completed",task="t1"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("/metrics lacks %s", want)

@@ -81,6 +81,9 @@ type Owner struct {
 	// After is the newest complete, valid checkpoint of the task the taker
 	// saw when it took over: the old owners' checkpoints above it are fenced.
 	After uint64 `json:"after"`
+	// Volume is the identity of the volume the taker's local dir is on
+	// (sidecar mode; empty in node-agent mode and before ckpt recorded it).
+	Volume string `json:"volume,omitempty"`
 }
 
 // ErrOwnedElsewhere is wrapped by the error of an agent that may not take a
@@ -261,10 +264,9 @@ func TakeOwnership(ctx context.Context, s storage.Store, job, task, node, agentI
 	return TakeOwnershipIf(ctx, s, job, task, node, agentID, nil)
 }
 
-// TakeOwnershipIf is TakeOwnership that first asks may whether the caller
-// may take the task from its newest owner (not asked when there is none):
-// an error from may is returned, and nothing is written.
-func TakeOwnershipIf(ctx context.Context, s storage.Store, job, task, node, agentID string, may func(latest Owner) error) (Owner, error) {
+// TakeOwnershipOn is TakeOwnershipIf for a taker whose local dir is on
+// the volume named volume (recorded in the new record).
+func TakeOwnershipOn(ctx context.Context, s storage.Store, job, task, node, volume, agentID string, may func(latest Owner) error) (Owner, error) {
 	for attempt := 0; ; attempt++ {
 		cat, err := Scan(ctx, s, job, task)
 		if err != nil {
@@ -288,7 +290,7 @@ func TakeOwnershipIf(ctx context.Context, s storage.Store, job, task, node, agen
 				}
 			}
 		}
-		rec := Owner{Task: task, Epoch: latest + 1, Node: node, AgentID: agentID, Created: time.Now().UTC()}
+		rec := Owner{Task: task, Epoch: latest + 1, Node: node, AgentID: agentID, Created: time.Now().UTC(), Volume: volume}
 		for _, r := range cat.Refs {
 			if r.Task == task && r.Checkpoint > rec.After {
 				rec.After = r.Checkpoint

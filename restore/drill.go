@@ -28,6 +28,10 @@ type DrillOptions struct {
 	// the manifest) and reports whether it could.
 	Check    func(ctx context.Context, engine, dir string) (engines.Result, error)
 	Progress func(done, total int64)
+	// MaxBytes, when positive, refuses a drill of a checkpoint whose full
+	// size exceeds it (ErrDrillRefused). Every drill is also refused when
+	// the scratch directory lacks the free space for it.
+	MaxBytes int64
 }
 
 // DrillResult is `ckpt drill --json`.
@@ -51,6 +55,9 @@ type DrillResult struct {
 func Drill(ctx context.Context, o DrillOptions) (*DrillResult, error) {
 	if o.ScratchDir == "" {
 		o.ScratchDir = os.TempDir()
+	}
+	if err := checkDrillRoom(ctx, &o); err != nil {
+		return nil, err
 	}
 	scratch, err := os.MkdirTemp(o.ScratchDir, "ckpt-drill-")
 	if err != nil {

@@ -33,12 +33,14 @@ func Render(w io.Writer, v telemetry.View) error { return pageTmpl.Execute(w, ne
 // and every chart laid out.
 type page struct {
 	Job, Storage, Version string
-	Now                   string
-	Tasks                 []taskPage
-	Retained, Logical     int64
-	GCDeleted             int64
-	Bar                   storageBar
-	JobStatus             *jobStatus // nil: no scan of the job yet
+	// StorageHealth is the last check of storage (nil: none yet).
+	StorageHealth     *telemetry.StorageHealth
+	Now               string
+	Tasks             []taskPage
+	Retained, Logical int64
+	GCDeleted         int64
+	Bar               storageBar
+	JobStatus         *jobStatus // nil: no scan of the job yet
 }
 
 // jobStatus is the job as the last scan of storage saw it, formatted.
@@ -71,6 +73,7 @@ type storageBar struct {
 
 type taskPage struct {
 	Task     string
+	Blocked  *telemetry.BlockedRecord
 	Chart    *chart
 	Last     *lastCheckpoint
 	Drill    *drillSummary
@@ -186,6 +189,7 @@ func newPage(v telemetry.View) page {
 	p.Now = now.UTC().Format("2006-01-02 15:04:05 UTC")
 	p.Bar = newStorageBar(v.RetainedBytes, v.LogicalBytes)
 	p.JobStatus = newJobStatus(v.JobStatus, now)
+	p.StorageHealth = v.StorageHealth
 	for _, tv := range v.Tasks {
 		p.Tasks = append(p.Tasks, newTaskPage(tv, now))
 	}
@@ -209,7 +213,7 @@ func newStorageBar(retained, logical int64) storageBar {
 }
 
 func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
-	tp := taskPage{Task: tv.Task, InFlight: tv.InFlight, Window: len(tv.History)}
+	tp := taskPage{Task: tv.Task, Blocked: tv.Blocked, InFlight: tv.InFlight, Window: len(tv.History)}
 	var last *telemetry.CheckpointRecord
 	for i := range tv.History {
 		r := &tv.History[i]
@@ -478,6 +482,7 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 <span class="meta">tasks <b id="task-count">{{len .Tasks}}</b></span>
 </header>
 <main>
+{{with .StorageHealth}}{{if not .Up}}<section class="card" id="storage-down"><h2><span class="pill bad">storage down</span></h2><p class="bad">storage does not answer: {{.Error}}; checkpoints answer unavailable until it does</p></section>{{end}}{{end}}
 <section class="card" id="job-summary">
 <h2>Storage against state</h2>
 <div class="job-storage">
@@ -498,6 +503,7 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 <section class="card task" id="task-{{.Task}}" data-task="{{.Task}}">
 <h2>task <span class="task-name">{{.Task}}</span>
 {{if .LastBad}}<span class="pill bad">last checkpoint {{.LastBad}}</span>{{end}}
+{{with .Blocked}}<span class="pill bad task-blocked" title="{{.Message}}">blocked: {{.Reason}}</span>{{end}}
 {{if .InFlight}}<span class="pill busy">{{.InFlight}} in flight</span>{{end}}
 {{with .Last}}<span class="pill">checkpoint {{.Checkpoint}}{{if .Ago}} · {{.Ago}}{{end}}</span>{{end}}
 </h2>

@@ -18,6 +18,9 @@ import (
 type ServerOptions struct {
 	// Ready reports why the agent is not ready (nil: ready). /readyz calls it.
 	Ready func(ctx context.Context) error
+	// Storage checks that storage answers (nil: it does); /healthz/storage
+	// calls it. It is never part of /readyz.
+	Storage func(ctx context.Context) error
 	// Pprof mounts net/http/pprof under /debug/pprof/.
 	Pprof bool
 	// Page renders the status page served at /; nil serves none.
@@ -26,8 +29,8 @@ type ServerOptions struct {
 }
 
 // Handler serves /metrics (Prometheus), /healthz (the process is alive),
-// /readyz (Ready says the agent can take checkpoints) and / (the status
-// page, when o.Page is set).
+// /readyz (Ready says the socket serves), /healthz/storage (Storage says
+// storage answers) and / (the status page, when o.Page is set).
 func (t *Telemetry) Handler(o ServerOptions) http.Handler {
 	mux := http.NewServeMux()
 	if t != nil {
@@ -46,6 +49,17 @@ func (t *Telemetry) Handler(o ServerOptions) http.Handler {
 			}
 		}
 		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("GET /healthz/storage", func(w http.ResponseWriter, r *http.Request) {
+		if o.Storage != nil {
+			ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+			defer cancel()
+			if err := o.Storage(ctx); err != nil {
+				http.Error(w, "storage down: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+		}
+		fmt.Fprintln(w, "storage ok")
 	})
 	if o.Page != nil {
 		mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {

@@ -10,6 +10,7 @@
 package telemetry
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -105,6 +106,9 @@ type TaskView struct {
 	// Standby is the last refresh of this agent's warm copy of the task,
 	// when it follows the task (--standby-for) instead of owning it.
 	Standby *StandbyRecord `json:"standby,omitempty"`
+	// Blocked, when set, says why the task's checkpoints cannot complete
+	// until an operator acts (cleared by the next completed checkpoint).
+	Blocked *BlockedRecord `json:"blocked,omitempty"`
 }
 
 // View is everything the status page shows.
@@ -120,6 +124,8 @@ type View struct {
 	// JobStatus is the whole job as the last scan of storage saw it (nil:
 	// none yet, or no source; see SetJobSource).
 	JobStatus *JobView `json:"job_status,omitempty"`
+	// StorageHealth is the last check of storage (nil: none yet).
+	StorageHealth *StorageHealth `json:"storage_health,omitempty"`
 }
 
 // Telemetry owns the providers and the instruments. A nil *Telemetry is
@@ -146,6 +152,8 @@ type Telemetry struct {
 	jobAtt attribute.KeyValue
 
 	jobView jobState // the status page's job view (its own lock)
+
+	storageHealth *StorageHealth // guarded by mu
 }
 
 // instruments are the metric instruments, created once per provider.
@@ -169,7 +177,13 @@ type instruments struct {
 	standbyBytes                              metric.Int64Counter
 	standbyFailover                           metric.Float64Gauge
 	requests                                  metric.Int64Counter
+	health                                    healthInstruments
 }
+
+// JobLabel is the metric attribute naming the job: not "job", which is
+// Prometheus's own target label (a scrape would rename ckpt's to
+// exported_job, or overwrite it under honor_labels).
+const JobLabel = "ckpt_job"
 
 // Options names what the telemetry describes.
 type Options struct {
@@ -184,7 +198,9 @@ type Options struct {
 // Telemetry to record into. Shutdown flushes and stops them.
 func New(ctx context.Context, o Options) (*Telemetry, error) {
 	if o.Service == "" {
-		o.Service = "ckpt"
+		// OTEL_SERVICE_NAME, when set, names the service (resource.Default
+		// reads it; the merge below must not override it).
+		o.Service = cmp.Or(os.Getenv("OTEL_SERVICE_NAME"), "ckpt")
 	}
 	res, err := resource.Merge(resource.Default(), resource.NewSchemaless(
 		semconv.ServiceName(o.Service), semconv.ServiceVersion(o.Version)))
@@ -224,7 +240,7 @@ func New(ctx context.Context, o Options) (*Telemetry, error) {
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 
 	t := &Telemetry{job: o.Job, storage: o.Storage, version: o.Version, mp: mp, tp: tp, Registry: reg,
-		tasks: map[string]*TaskView{}, jobAtt: attribute.String("job", o.Job), instruments: &instruments{}}
+		tasks: map[string]*TaskView{}, jobAtt: attribute.String(JobLabel, o.Job), instruments: &instruments{}}
 	if err := t.instruments.create(mp.Meter("ckpt")); err != nil {
 		return nil, err
 	}
@@ -301,6 +317,7 @@ func (t *instruments) create(m metric.Meter) error {
 	t.standbyFailover = fg("ckpt.standby.failover.duration", "s", "Measured failover restore on a warm standby's node: from its copy, every byte verified (with --drill-interval).")
 	t.standbyBytes = ctr("ckpt.standby", "By", "Bytes a warm standby's refreshes took, by source (local: from its older copy, remote: from storage).")
 	t.requests = ctr("ckpt.requests", "{request}", "Socket requests by op and outcome: ok for accepted ones, else the error code they were refused with (op connect: connections refused at accept).")
+	errs = append(errs, t.health.create(m))
 	return errors.Join(errs...)
 }
 
@@ -314,7 +331,7 @@ func (t *Telemetry) ForJob(job, storage string) *Telemetry {
 		return nil
 	}
 	c := &Telemetry{job: job, storage: storage, version: t.version, mp: t.mp, tp: t.tp, Registry: t.Registry,
-		instruments: t.instruments, child: true, tasks: map[string]*TaskView{}, jobAtt: attribute.String("job", job)}
+		instruments: t.instruments, child: true, tasks: map[string]*TaskView{}, jobAtt: attribute.String(JobLabel, job)}
 	t.mu.Lock()
 	t.children = append(t.children, c)
 	t.mu.Unlock()
@@ -377,6 +394,7 @@ func (t *Telemetry) CheckpointEnded(ctx context.Context, r CheckpointRecord) {
 		t.histTotal.Record(ctx, r.Total.Seconds(), a)
 		t.filesUploaded.Add(ctx, int64(r.FilesUploaded), a)
 		t.filesReused.Add(ctx, int64(r.FilesReused), a)
+		t.health.lastSuccess.Record(ctx, float64(orNow(r.At).UnixNano())/1e9, a)
 	}
 	t.bytesUploaded.Add(ctx, r.BytesUploaded, a)
 	t.mu.Lock()
@@ -550,6 +568,10 @@ func (t *Telemetry) View() View {
 	}
 	sort.Slice(v.Tasks, func(i, j int) bool { return v.Tasks[i].Task < v.Tasks[j].Task })
 	v.JobStatus = t.jobView.view()
+	if t.storageHealth != nil {
+		h := *t.storageHealth
+		v.StorageHealth = &h
+	}
 	return v
 }
 

@@ -49,23 +49,23 @@ func TestMetricsCarryBothSizesWithFlinksMeanings(t *testing.T) {
 		t.Fatalf("/metrics: %d", code)
 	}
 	for _, want := range []string{
-		`ckpt_checkpoint_last_size_bytes{job="orders",task="orders-3"} 4.297628e+06`,
-		`ckpt_checkpoint_last_full_size_bytes{job="orders",task="orders-3"} 1.4780068e+07`,
-		`ckpt_checkpoint_last_id{job="orders",task="orders-3"} 7`,
-		`ckpt_checkpoints_total{job="orders",status="completed",task="orders-3"} 1`,
-		`ckpt_checkpoints_total{job="orders",status="failed",task="orders-3"} 1`,
-		`ckpt_checkpoint_in_flight{job="orders",task="orders-3"} 0`,
-		`ckpt_checkpoint_files_reused_total{job="orders",task="orders-3"} 10`,
-		`ckpt_checkpoint_sync_duration_seconds_bucket{job="orders",task="orders-3",le="0.0025"} 1`,
-		`ckpt_storage_retained_bytes{job="orders"} 2e+07`,
-		`ckpt_state_logical_bytes{job="orders"} 1.4780068e+07`,
-		`ckpt_gc_deleted_objects_total{job="orders"} 5`,
-		`ckpt_reuse_replaced_total{job="orders",reason="missing"} 1`,
-		`ckpt_scrub_objects_total{job="orders",result="ok"} 1`,
-		`ckpt_scrub_objects_total{job="orders",result="healed"} 1`,
-		`ckpt_scrub_bytes_total{job="orders"} 1500`,
-		`ckpt_restore_bytes_total{job="orders",source="local",task="orders-3"} 100`,
-		`ckpt_drill_last_duration_seconds{job="orders",task="orders-3"} 2`,
+		`ckpt_checkpoint_last_size_bytes{ckpt_job="orders",task="orders-3"} 4.297628e+06`,
+		`ckpt_checkpoint_last_full_size_bytes{ckpt_job="orders",task="orders-3"} 1.4780068e+07`,
+		`ckpt_checkpoint_last_id{ckpt_job="orders",task="orders-3"} 7`,
+		`ckpt_checkpoints_total{ckpt_job="orders",status="completed",task="orders-3"} 1`,
+		`ckpt_checkpoints_total{ckpt_job="orders",status="failed",task="orders-3"} 1`,
+		`ckpt_checkpoint_in_flight{ckpt_job="orders",task="orders-3"} 0`,
+		`ckpt_checkpoint_files_reused_total{ckpt_job="orders",task="orders-3"} 10`,
+		`ckpt_checkpoint_sync_duration_seconds_bucket{ckpt_job="orders",task="orders-3",le="0.0025"} 1`,
+		`ckpt_storage_retained_bytes{ckpt_job="orders"} 2e+07`,
+		`ckpt_state_logical_bytes{ckpt_job="orders"} 1.4780068e+07`,
+		`ckpt_gc_deleted_objects_total{ckpt_job="orders"} 5`,
+		`ckpt_reuse_replaced_total{ckpt_job="orders",reason="missing"} 1`,
+		`ckpt_scrub_objects_total{ckpt_job="orders",result="ok"} 1`,
+		`ckpt_scrub_objects_total{ckpt_job="orders",result="healed"} 1`,
+		`ckpt_scrub_bytes_total{ckpt_job="orders"} 1500`,
+		`ckpt_restore_bytes_total{ckpt_job="orders",source="local",task="orders-3"} 100`,
+		`ckpt_drill_last_duration_seconds{ckpt_job="orders",task="orders-3"} 2`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -148,9 +148,9 @@ func TestRequestsAreCountedByOpAndOutcome(t *testing.T) {
 	tel.RequestEnded(ctx, "connect", "forbidden")
 	_, body := get(t, tel.Handler(ServerOptions{}), "/metrics")
 	for _, want := range []string{
-		`ckpt_requests_total{code="ok",job="orders",op="checkpoint"} 2`,
-		`ckpt_requests_total{code="bad_request",job="orders",op="checkpoint"} 1`,
-		`ckpt_requests_total{code="forbidden",job="orders",op="connect"} 1`,
+		`ckpt_requests_total{ckpt_job="orders",code="ok",op="checkpoint"} 2`,
+		`ckpt_requests_total{ckpt_job="orders",code="bad_request",op="checkpoint"} 1`,
+		`ckpt_requests_total{ckpt_job="orders",code="forbidden",op="connect"} 1`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)
@@ -176,8 +176,8 @@ func TestForJobLabelsEveryTaskMetricWithItsJob(t *testing.T) {
 	billing.Shutdown(ctx) // a job's telemetry stops nothing shared
 	_, body := get(t, tel.Handler(ServerOptions{}), "/metrics")
 	for _, want := range []string{
-		`ckpt_checkpoint_last_id{job="orders",task="t-0"} 3`,
-		`ckpt_checkpoint_last_id{job="billing",task="t-0"} 3`,
+		`ckpt_checkpoint_last_id{ckpt_job="orders",task="t-0"} 3`,
+		`ckpt_checkpoint_last_id{ckpt_job="billing",task="t-0"} 3`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

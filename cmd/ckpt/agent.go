@@ -70,7 +70,7 @@ type agentOptions struct {
 	metricsAddr                        string
 	pprof                              bool
 	drillEvery                         time.Duration
-	drillRate                          int64
+	drillRate, drillMaxBytes           int64
 	scratch                            string
 	standbyFor                         stringList
 	standbyEvery                       time.Duration
@@ -114,6 +114,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.BoolVar(&o.pprof, "pprof", false, "also serve /debug/pprof/ on the metrics address")
 	fs.DurationVar(&o.drillEvery, "drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
 	fs.Int64Var(&o.drillRate, "drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
+	fs.Int64Var(&o.drillMaxBytes, "drill-max-bytes", 0, "refuse a drill of a checkpoint whose full size exceeds this many bytes (0: no cap; every drill is also refused when --drill-dir lacks the free space for it)")
 	fs.StringVar(&o.scratch, "drill-dir", "", "scratch directory for drills (default: the system temp dir)")
 	fs.Var(&o.standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
 	fs.DurationVar(&o.standbyEvery, "standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
@@ -208,6 +209,9 @@ func (o *agentOptions) check(fs *flag.FlagSet) error {
 	if o.gcInterval == 0 {
 		return usageError{fmt.Errorf("--gc-interval 0s: give the least time between two GC sweeps, or a negative value to disable sweeps")}
 	}
+	if o.drillMaxBytes < 0 {
+		return usageError{fmt.Errorf("--drill-max-bytes must not be negative (0: no cap)")}
+	}
 	if o.uploadRate < 0 || o.drillRate < 0 || o.scrubRate < 0 || o.standbyRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
 	}
@@ -263,7 +267,7 @@ func runAgent(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	base, err := openStore(ctx, o.store)
+	base, err := openAgentStore(ctx, o.store, log)
 	if err != nil {
 		return err
 	}
@@ -286,7 +290,7 @@ func runAgent(ctx context.Context, args []string) error {
 		drillStore := ratelimit.New(base, ratelimit.Limits{Download: o.drillRate})
 		cfg.DrillInterval = o.drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
+			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check, MaxBytes: o.drillMaxBytes})
 		}
 	}
 	{
@@ -311,7 +315,7 @@ func runAgent(ctx context.Context, args []string) error {
 		return usageError{err}
 	}
 	if o.metricsAddr != "" {
-		addr, _, err := tel.Serve(ctx, o.metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Pprof: o.pprof, Page: statuspage.Render, Logger: log})
+		addr, _, err := tel.Serve(ctx, o.metricsAddr, telemetry.ServerOptions{Ready: a.ReadyCheck, Storage: a.StorageCheck, Pprof: o.pprof, Page: statuspage.Render, Logger: log})
 		if err != nil {
 			return err
 		}

@@ -62,6 +62,16 @@ func runRestore(ctx context.Context, args []string) error {
 	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
 	}
+	if *ifNotExists && *fromSavepoint == "" {
+		// A store already on the volume needs no storage: decided first.
+		res, err := restore.SkipIfPresent(*job, *task, *target, *localDir)
+		if err != nil {
+			return err
+		}
+		if res != nil {
+			return printRestore(res, *asJSON)
+		}
+	}
 	if *fromSavepoint != "" {
 		if *n != 0 || (*store == "") != (*job == "") {
 			return usageError{errors.New("--savepoint names the checkpoint: do not give --checkpoint; give --storage and --job together (to start that job from the savepoint) or neither")}
@@ -115,10 +125,15 @@ func runRestore(ctx context.Context, args []string) error {
 		return err
 	}
 	defer res.Wait() // the local copy, re-created after a move
+	return printRestore(res, *asJSON)
+}
+
+// printRestore prints a restore's result: JSON, or one line.
+func printRestore(res *restore.Result, asJSON bool) error {
 	if res.LocalRecordError != "" {
 		fmt.Fprintf(os.Stderr, "warning: %s\n", res.LocalRecordError)
 	}
-	if *asJSON {
+	if asJSON {
 		return printJSON(res)
 	}
 	if !res.Restored {

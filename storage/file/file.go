@@ -168,7 +168,7 @@ func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size 
 		return err
 	}
 	dir := filepath.Dir(p)
-	tmp, err := createTemp(dir, filepath.Base(p))
+	tmp, err := s.createTemp(dir, filepath.Base(p))
 	if err != nil {
 		return fmt.Errorf("put %s: %w", key, err)
 	}
@@ -220,10 +220,13 @@ func (s *Store) write(ctx context.Context, key string, body io.ReadSeeker, size 
 // createTemp makes the directory and a temporary file in it, retrying when
 // a concurrent Delete removes a just-created empty directory (the file
 // itself, or a parent between MkdirAll's steps).
-func createTemp(dir, base string) (*os.File, error) {
+func (s *Store) createTemp(dir, base string) (*os.File, error) {
 	var err error
 	for range 20 {
-		if err = os.MkdirAll(dir, 0o755); err != nil {
+		if err = s.mkdirBelow(dir); err != nil {
+			if errors.Is(err, ErrRootGone) {
+				return nil, err
+			}
 			if errors.Is(err, fs.ErrNotExist) || errors.Is(err, fs.ErrExist) {
 				continue // a step of it removed, or made, by another at once
 			}
@@ -251,7 +254,10 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 	}
 	f, err := os.Open(p)
 	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			if gone := s.rootGone(); gone != nil {
+				return nil, fmt.Errorf("get %s: %w", key, gone)
+			}
 			return nil, fmt.Errorf("get %s: %w", key, storage.ErrNotFound)
 		}
 		return nil, fmt.Errorf("get %s: %w", key, err)
@@ -294,6 +300,9 @@ func (s *Store) Stat(ctx context.Context, key string) (storage.ObjectInfo, error
 	fi, err := os.Stat(p)
 	if err != nil || !fi.Mode().IsRegular() {
 		if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ENOTDIR) {
+			if gone := s.rootGone(); gone != nil {
+				return storage.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, gone)
+			}
 			return storage.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, storage.ErrNotFound)
 		}
 		return storage.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, err)
@@ -310,6 +319,10 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 			return fmt.Errorf("list %s: %w", prefix, err)
 		}
 		dir = filepath.Join(s.root, filepath.FromSlash(prefix[:i]))
+	}
+	// A gone root lists as an outage, never as an empty store.
+	if gone := s.rootGone(); gone != nil {
+		return fmt.Errorf("list %s: %w", prefix, gone)
 	}
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {

@@ -371,6 +371,9 @@ func (s *Store) wrap(op, key string, err error) error {
 	}
 	var ge *googleapi.Error
 	if errors.As(err, &ge) {
+		if p := deniedPermission(op, ge.Code); p != "" {
+			return fmt.Errorf("%s %s: %w", op, key, &StatusError{Code: ge.Code, Err: &deniedError{permission: p, err: err}})
+		}
 		return fmt.Errorf("%s %s: %w", op, key, &StatusError{Code: ge.Code, Err: err})
 	}
 	return fmt.Errorf("%s %s: %w", op, key, err)
