@@ -1,7 +1,9 @@
 # The ckpt image: a static, non-root ckpt binary and the pure-Go storage
 # plugins on an empty base (no shell, no package manager).
 #
-#   docker build --build-arg VERSION=$(git describe --tags --always) -t REGISTRY/ckpt:TAG .
+#   docker build --build-arg VERSION=$(git describe --tags --always) \
+#     --build-arg COMMIT=$(git rev-parse HEAD) --build-arg DATE=$(git show -s --format=%cI HEAD) \
+#     -t REGISTRY/ckpt:TAG .
 #
 # The build command is deploy/build.sh, which e2e/image_test.go runs and
 # checks (static binaries, stamped version). More in deploy/README.md.
@@ -14,9 +16,13 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=dev
+# What `ckpt version --json` reports as commit and date (.git is not in the
+# build context: pass them, or the binary says "unknown").
+ARG COMMIT=
+ARG DATE=
 ARG TARGETOS
 ARG TARGETARCH
-RUN GOOS=$TARGETOS GOARCH=$TARGETARCH ./deploy/build.sh /out "$VERSION"
+RUN GOOS=$TARGETOS GOARCH=$TARGETARCH ./deploy/build.sh /out "$VERSION" "$COMMIT" "$DATE"
 # The run-time user (a fixed UID and GID: manifests set the same numbers)
 # and a writable /tmp for drills when the root filesystem is read-only.
 RUN mkdir -p /rootfs/etc /rootfs/tmp && chmod 1777 /rootfs/tmp \

@@ -306,7 +306,8 @@ func fieldRefIs(c corev1.Container, env, field string) bool {
 
 // TestTheOverlaysNameACloudIdentityAndThePodMonitorScrapesTheAgent: the
 // S3 overlay annotates the pods' service account for IRSA and the GCS one
-// for Workload Identity, each points the storage at its cloud, and the
+// for Workload Identity, each points the storage at its cloud, and renders
+// no Prometheus Operator object; with components/monitoring added, the
 // PodMonitor selects the pods and scrapes a named port of the agent.
 func TestTheOverlaysNameACloudIdentityAndThePodMonitorScrapesTheAgent(t *testing.T) {
 	rendered := renderAll(t)
@@ -333,9 +334,17 @@ func TestTheOverlaysNameACloudIdentityAndThePodMonitorScrapesTheAgent(t *testing
 				t.Errorf("%s: container %s stores to %q, want %s", tc.dir, c.Name, st, tc.scheme)
 			}
 		}
-		pm := kube.Find(objs, "PodMonitor", "ckpt")
+		if kube.Find(objs, "PodMonitor", "ckpt") != nil {
+			t.Errorf("%s renders a PodMonitor: it needs the Prometheus Operator, keep it in components/monitoring", tc.dir)
+		}
+		// With the optional monitoring component.
+		withMon, err := kube.RenderWith(filepath.Join(deployDir(t), tc.dir), filepath.Join(deployDir(t), "components", "monitoring"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pm := kube.Find(withMon, "PodMonitor", "ckpt")
 		if pm == nil {
-			t.Fatalf("%s renders no PodMonitor", tc.dir)
+			t.Fatalf("%s with components/monitoring renders no PodMonitor", tc.dir)
 		}
 		spec := pm.Obj.(*kube.PodMonitor).Spec
 		for k, v := range spec.Selector.MatchLabels {

@@ -31,7 +31,7 @@ func TestTheImageBuildYieldsStaticBinariesWithTheVersionStamped(t *testing.T) {
 
 	out := t.TempDir()
 	const stamp = "v0.0.0-imagetest"
-	cmd := exec.Command(filepath.Join(root, "deploy", "build.sh"), out, stamp)
+	cmd := exec.Command(filepath.Join(root, "deploy", "build.sh"), out, stamp, "c0ffee", "2026-12-04T20:00:00Z")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=1") // the script must turn cgo off itself
 	if b, err := cmd.CombinedOutput(); err != nil {
@@ -44,6 +44,11 @@ func TestTheImageBuildYieldsStaticBinariesWithTheVersionStamped(t *testing.T) {
 	v, err := exec.Command(filepath.Join(out, "ckpt"), "version").Output()
 	if err != nil || strings.TrimSpace(string(v)) != stamp {
 		t.Errorf("ckpt version: %q %v, want %q", v, err, stamp)
+	}
+	v, err = exec.Command(filepath.Join(out, "ckpt"), "version", "--json").Output()
+	var info map[string]string
+	if err != nil || json.Unmarshal(v, &info) != nil || info["version"] != stamp || info["commit"] != "c0ffee" || info["date"] != "2026-12-04T20:00:00Z" {
+		t.Errorf("ckpt version --json: %s %v, want what deploy/build.sh stamped", v, err)
 	}
 	p, err := exec.Command(filepath.Join(out, "ckpt"), "plugins", "--plugin-dir", filepath.Join(out, "plugins"), "--json").Output()
 	var served []struct{ Name string }

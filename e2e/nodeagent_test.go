@@ -24,11 +24,11 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
 
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
 	cpebble "github.com/ckpt-io/ckpt/client/pebble"
+	"github.com/ckpt-io/ckpt/internal/kube"
 	"github.com/ckpt-io/ckpt/internal/testservers"
 )
 
@@ -200,8 +200,10 @@ func (quietPebble) Fatalf(format string, args ...any) {
 	os.Exit(2)
 }
 
-// nodeAgentDocs decodes the node agent's manifests strictly (an unknown
-// field is an error) into Kubernetes' own types.
+// nodeAgentDocs are the node agent's manifests as a cluster gets them:
+// deploy/node-agent rendered with kustomize's library, and the example
+// tenants' StatefulSets, every document decoded strictly (an unknown field
+// is an error) into Kubernetes' own types.
 type nodeAgentDocs struct {
 	account    corev1.ServiceAccount
 	tenantsMap corev1.ConfigMap
@@ -211,44 +213,33 @@ type nodeAgentDocs struct {
 
 func decodeNodeAgent(t *testing.T) *nodeAgentDocs {
 	t.Helper()
-	root, err := repoRoot()
+	dir := filepath.Join(deployDir(t), "node-agent")
+	objs, err := kube.Render(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d := &nodeAgentDocs{}
-	for _, name := range []string{"daemonset.yaml", "tenant-statefulsets.yaml"} {
-		data, err := os.ReadFile(filepath.Join(root, "deploy", "node-agent", name))
-		if err != nil {
-			t.Fatal(err)
+	for _, o := range objs {
+		switch v := o.Obj.(type) {
+		case *corev1.ServiceAccount:
+			d.account = *v
+		case *corev1.ConfigMap:
+			d.tenantsMap = *v
+		case *appsv1.DaemonSet:
+			d.ds = *v
 		}
-		for i, doc := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(data), -1) {
-			var head struct {
-				Kind string `json:"kind"`
-			}
-			if err := yaml.Unmarshal([]byte(doc), &head); err != nil {
-				t.Fatalf("%s document %d: %v", name, i+1, err)
-			}
-			var into any
-			switch head.Kind {
-			case "ServiceAccount":
-				into = &d.account
-			case "ConfigMap":
-				into = &d.tenantsMap
-			case "DaemonSet":
-				into = &d.ds
-			case "StatefulSet":
-				d.sets = append(d.sets, appsv1.StatefulSet{})
-				into = &d.sets[len(d.sets)-1]
-			default:
-				t.Fatalf("%s document %d: unexpected kind %q", name, i+1, head.Kind)
-			}
-			if err := yaml.UnmarshalStrict([]byte(doc), into); err != nil {
-				t.Fatalf("%s document %d (%s): %v", name, i+1, head.Kind, err)
-			}
+	}
+	examples, _, err := kube.Files(filepath.Join(dir, "example-tenants"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range examples {
+		if v, ok := o.Obj.(*appsv1.StatefulSet); ok {
+			d.sets = append(d.sets, *v)
 		}
 	}
 	if d.ds.Name == "" || d.tenantsMap.Name == "" || d.account.Name == "" || len(d.sets) != 2 {
-		t.Fatalf("deploy/node-agent: want a ServiceAccount, a ConfigMap, a DaemonSet and two StatefulSets")
+		t.Fatalf("deploy/node-agent: want a ServiceAccount, a ConfigMap and a DaemonSet rendered, and two example StatefulSets")
 	}
 	return d
 }

@@ -347,11 +347,14 @@ func TestTheGCSOverlaysPodRunsOnTheGCSEmulator(t *testing.T) {
 	runSidecarPod(t, "gcs", srv.URL("ckpt-pods", "prod"), srv.Env())
 }
 
-// runSidecarPod renders deploy/overlays/<overlay> and runs its pod's
+// runSidecarPod renders deploy/overlays/<overlay> (with
+// components/monitoring) and runs its pod's
 // lifecycle with storage at storageURL (the overlay's scheme) and env
 // standing for the pod's cloud identity.
 func runSidecarPod(t *testing.T, overlay, storageURL string, env []string) {
-	objs, err := kube.Render(filepath.Join(deployDir(t), "overlays", overlay))
+	// The overlay with the optional monitoring component, whose PodMonitor
+	// scrape checks.
+	objs, err := kube.RenderWith(filepath.Join(deployDir(t), "overlays", overlay), filepath.Join(deployDir(t), "components", "monitoring"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,7 +370,7 @@ func runSidecarPod(t *testing.T, overlay, storageURL string, env []string) {
 	newPod := func(node, dataDir string) *podSim {
 		return &podSim{t: t, objs: objs, spec: spec,
 			pod:      kube.Pod{Name: "orders-0", Namespace: "default", NodeName: node, IP: "10.0.0.1", ServiceAccount: spec.ServiceAccountName},
-			volumes:  map[string]string{"data": dataDir, "ckpt-socket": shortDir(t), "tmp": t.TempDir()},
+			volumes:  map[string]string{"data": dataDir, "ckpt-socket": shortDir(t), "ckpt-tmp": t.TempDir()},
 			override: map[string]string{"CKPT_STORAGE": storageURL},
 			extra:    env, ports: map[int32]int{}}
 	}

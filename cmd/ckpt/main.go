@@ -16,7 +16,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -27,45 +26,6 @@ import (
 	"github.com/ckpt-io/ckpt/storage/retry"
 	_ "github.com/ckpt-io/ckpt/storage/s3"
 )
-
-// version is set at build time with -ldflags "-X main.version=..."; when it
-// is not, buildVersion reads it from the module's build info.
-var version = ""
-
-// buildVersion is the version this binary reports: the stamped one, else the
-// module version (a tagged `go install`), else the VCS revision the build
-// recorded, else "dev".
-func buildVersion() string {
-	if version != "" {
-		return version
-	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
-		return "dev"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
-	}
-	var rev, modified string
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			modified = s.Value
-		}
-	}
-	if rev == "" {
-		return "dev"
-	}
-	if len(rev) > 12 {
-		rev = rev[:12]
-	}
-	if modified == "true" {
-		rev += "-dirty"
-	}
-	return "dev-" + rev
-}
 
 type command struct {
 	name    string
@@ -153,15 +113,6 @@ func printUsage(w io.Writer, cmds []command) {
 	for _, c := range cmds {
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
-}
-
-func runVersion(_ context.Context, args []string) error {
-	fs := newFlags("version", "", "ckpt version")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	fmt.Println(version)
-	return nil
 }
 
 // newFlags makes a command's flag set with a usage text and an example.

@@ -72,6 +72,36 @@ type PodMonitorSpec struct {
 	} `json:"podMetricsEndpoints"`
 }
 
+// PrometheusRule is the part of the Prometheus Operator's PrometheusRule
+// (monitoring.coreos.com/v1) that the manifests use, decoded strictly as
+// PodMonitor is.
+type PrometheusRule struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       struct {
+		Groups []RuleGroup `json:"groups"`
+	} `json:"spec"`
+}
+
+// RuleGroup is one group of a PrometheusRule.
+type RuleGroup struct {
+	Name     string `json:"name"`
+	Interval string `json:"interval,omitempty"`
+	Rules    []Rule `json:"rules"`
+}
+
+// Rule is an alerting rule (Alert set) or a recording rule (Record set).
+type Rule struct {
+	Alert         string            `json:"alert,omitempty"`
+	Record        string            `json:"record,omitempty"`
+	Expr          string            `json:"expr"`
+	For           string            `json:"for,omitempty"`
+	KeepFiringFor string            `json:"keep_firing_for,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Annotations   map[string]string `json:"annotations,omitempty"`
+}
+
 var scheme = func() *runtime.Scheme {
 	s := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, rbacv1.AddToScheme,
@@ -106,9 +136,12 @@ func Decode(source string, doc []byte) (Object, error) {
 		return o, fmt.Errorf("%s: apiVersion %q: %w", source, head.APIVersion, err)
 	}
 	var obj any
-	if gv.Group == "monitoring.coreos.com" && gv.Version == "v1" && head.Kind == "PodMonitor" {
+	switch {
+	case gv.Group == "monitoring.coreos.com" && gv.Version == "v1" && head.Kind == "PodMonitor":
 		obj = &PodMonitor{}
-	} else {
+	case gv.Group == "monitoring.coreos.com" && gv.Version == "v1" && head.Kind == "PrometheusRule":
+		obj = &PrometheusRule{}
+	default:
 		ro, err := scheme.New(gv.WithKind(head.Kind))
 		if err != nil {
 			return o, fmt.Errorf("%s: %s %s: no Go type known for it (add its group to package kube's scheme): %w", source, head.APIVersion, head.Kind, err)
@@ -177,20 +210,80 @@ func Render(dir string) ([]Object, error) {
 }
 
 // Kustomizations lists the directories under root that hold a
-// kustomization.yaml, sorted.
+// kustomization.yaml of kind Kustomization (a root that renders on its
+// own), sorted. Components (kind Component) render only inside a
+// kustomization: see Components.
 func Kustomizations(root string) ([]string, error) {
+	return kustomizationsOf(root, false)
+}
+
+// Components lists the directories under root that hold a kustomize
+// Component, sorted.
+func Components(root string) ([]string, error) {
+	return kustomizationsOf(root, true)
+}
+
+func kustomizationsOf(root string, components bool) ([]string, error) {
 	var dirs []string
 	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
-		if !d.IsDir() && d.Name() == "kustomization.yaml" {
+		if d.IsDir() || d.Name() != "kustomization.yaml" {
+			return nil
+		}
+		data, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		var head struct {
+			Kind string `json:"kind"`
+		}
+		if err := yaml.Unmarshal(data, &head); err != nil {
+			return fmt.Errorf("%s: %w", p, err)
+		}
+		if (head.Kind == "Component") == components {
 			dirs = append(dirs, filepath.Dir(p))
 		}
 		return nil
 	})
 	sort.Strings(dirs)
 	return dirs, err
+}
+
+// RenderWith renders the kustomization in dir with components added, as a
+// kustomization of a user's would that lists dir as its resource and the
+// components under components:.
+func RenderWith(dir string, components ...string) ([]Object, error) {
+	tmp, err := os.MkdirTemp("", "kube-render-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	// kustomize takes relative paths only.
+	rel := func(p string) (string, error) {
+		a, err := filepath.Abs(p)
+		if err != nil {
+			return "", err
+		}
+		return filepath.Rel(tmp, a)
+	}
+	r, err := rel(dir)
+	if err != nil {
+		return nil, err
+	}
+	k := "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - " + r + "\ncomponents:\n"
+	for _, c := range components {
+		r, err := rel(c)
+		if err != nil {
+			return nil, err
+		}
+		k += "  - " + r + "\n"
+	}
+	if err := os.WriteFile(filepath.Join(tmp, "kustomization.yaml"), []byte(k), 0o644); err != nil {
+		return nil, err
+	}
+	return Render(tmp)
 }
 
 // Files decodes every document of every .yaml and .yml file under root
@@ -309,8 +402,14 @@ func Env(c corev1.Container, objs []Object, pod Pod) ([]string, error) {
 				return nil, fmt.Errorf("container %s: env %s: %w", c.Name, e.Name, err)
 			}
 			set(e.Name, v)
+		case e.ValueFrom.ResourceFieldRef != nil:
+			v, err := resourceField(c, *e.ValueFrom.ResourceFieldRef)
+			if err != nil {
+				return nil, fmt.Errorf("container %s: env %s: %w", c.Name, e.Name, err)
+			}
+			set(e.Name, v)
 		default:
-			return nil, fmt.Errorf("container %s: env %s: only fieldRef is simulated", c.Name, e.Name)
+			return nil, fmt.Errorf("container %s: env %s: only fieldRef and resourceFieldRef are simulated", c.Name, e.Name)
 		}
 	}
 	out := make([]string, len(keys))
@@ -318,6 +417,42 @@ func Env(c corev1.Container, objs []Object, pod Pod) ([]string, error) {
 		out[i] = k + "=" + vals[k]
 	}
 	return out, nil
+}
+
+// resourceField is the value of a resourceFieldRef of container c to its
+// own requests or limits, as the kubelet gives it: the quantity divided by
+// the divisor (default 1), rounded up. A limit the container does not set
+// (the kubelet would give the node's allocatable) is an error.
+func resourceField(c corev1.Container, ref corev1.ResourceFieldSelector) (string, error) {
+	if ref.ContainerName != "" && ref.ContainerName != c.Name {
+		return "", fmt.Errorf("resourceFieldRef to container %q: only a container's own resources are simulated", ref.ContainerName)
+	}
+	kind, name, ok := strings.Cut(ref.Resource, ".")
+	var list corev1.ResourceList
+	switch {
+	case ok && kind == "limits":
+		list = c.Resources.Limits
+	case ok && kind == "requests":
+		list = c.Resources.Requests
+	default:
+		return "", fmt.Errorf("resourceFieldRef %q: want limits.NAME or requests.NAME", ref.Resource)
+	}
+	q, ok := list[corev1.ResourceName(name)]
+	if !ok {
+		return "", fmt.Errorf("resourceFieldRef %q: the container sets no such value", ref.Resource)
+	}
+	div := int64(1)
+	if !ref.Divisor.IsZero() {
+		div = ref.Divisor.Value()
+	}
+	if name == "cpu" {
+		m, d := q.MilliValue(), ref.Divisor.MilliValue()
+		if ref.Divisor.IsZero() {
+			d = 1000
+		}
+		return fmt.Sprint((m + d - 1) / d), nil
+	}
+	return fmt.Sprint((q.Value() + div - 1) / div), nil
 }
 
 func (p Pod) field(path string) (string, error) {
