@@ -8,7 +8,8 @@
 // built-in backend has, engines.Lookup finds plugin engines (a plugin
 // engine replaces a built-in one of the same name). A binary that fails
 // the handshake (another program, another magic cookie, another protocol
-// version), a pinned checksum or a permission check is refused, with the
+// version), a pinned checksum, or a permission check (a binary or
+// directory another user could write) is refused, with the
 // reason, and the others are still used.
 //
 // Transport: AutoMTLS (a one-time certificate pair per process), ctx
@@ -89,9 +90,12 @@ type Options struct {
 	Dir string
 	// Checksums pins plugins by name (the part after ckpt-plugin-) to the
 	// hex SHA-256 of their binary: a binary that differs is refused at
-	// discovery, and at every later start (go-plugin's SecureConfig).
+	// discovery, and at every later start. The open file that was hashed
+	// is the one executed. A pinned plugin keeps its schemes and engine
+	// against unpinned ones.
 	Checksums map[string]string
-	// RequireChecksums refuses plugins that Checksums does not pin.
+	// RequireChecksums refuses plugins that Checksums does not pin
+	// (--require-pins).
 	RequireChecksums bool
 	// Log receives the plugins' own log output (their stderr) and the
 	// host's messages about them. Nil means os.Stderr.
