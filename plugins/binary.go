@@ -89,7 +89,7 @@ func checkOwner(path string, fi os.FileInfo, what string) error {
 }
 
 // fdRunner is a go-plugin runner that starts the binary openBinary
-// checked, through its open file (Linux: /proc/self/fd/N), not by path:
+// checked, through its open file (Linux: /proc/self/fd/3), not by path:
 // go-plugin's own runner would start whatever the path names by then.
 type fdRunner struct {
 	cmd       *exec.Cmd
@@ -109,6 +109,7 @@ func newFDRunner(bin *os.File, execPath, path string, spec *exec.Cmd, socketDir 
 	cmd.Args = []string{path}
 	cmd.Env = spec.Env
 	cmd.Stdin = spec.Stdin
+	cmd.ExtraFiles = []*os.File{bin} // descriptor 3 of the child
 	setDeathSignal(cmd)
 	r := &fdRunner{cmd: cmd, bin: bin, path: path, socketDir: socketDir}
 	var err error

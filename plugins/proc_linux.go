@@ -3,7 +3,6 @@ package plugins
 import (
 	"os"
 	"os/exec"
-	"strconv"
 	"syscall"
 )
 
@@ -13,11 +12,12 @@ func setDeathSignal(cmd *exec.Cmd) {
 }
 
 // stage takes the opened binary f and returns the file to check and run
-// and the path to execute it by: on Linux f itself, through
-// /proc/self/fd (the child execs the descriptor it inherited at fork,
-// before close-on-exec closes it), so the bytes checked are the bytes run.
+// and the path to execute it by: on Linux f itself, which the child
+// receives as descriptor 3 (fdRunner) and executes through
+// /proc/self/fd/3, so the bytes checked are the bytes run (and a script's
+// interpreter can open it too).
 func stage(f *os.File, _ string) (*os.File, string, error) {
-	return f, "/proc/self/fd/" + strconv.Itoa(int(f.Fd())), nil
+	return f, "/proc/self/fd/3", nil
 }
 
 // fileOwner returns the uid owning fi.
