@@ -244,7 +244,7 @@ func TestKilledPluginSocketsAreRemoved(t *testing.T) {
 			t.Fatalf("the killed host's plugin left no socket to clean (%v): the test proves nothing", err)
 		}
 	}
-	h = discover(t, plugins.Options{Dir: dir, Log: io.Discard})
+	discover(t, plugins.Options{Dir: dir, Log: io.Discard})
 	for _, p := range deadSocks {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("socket %s of the killed host's plugin is still there", p)
