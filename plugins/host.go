@@ -353,6 +353,7 @@ type session struct {
 	client *plugin.Client
 	conn   *grpc.ClientConn
 	gen    uint64
+	stderr *tail // what this process wrote to stderr, its end
 }
 
 // Info describes the plugin.
@@ -375,7 +376,9 @@ func (p *Plugin) startLocked() (*session, error) {
 	defer bin.Close()
 	log := p.host.opts.Log
 	lw := &prefixWriter{prefix: p.label() + ": ", w: log}
-	p.stderr.reset()
+	// A tail per process: a call that failed with one process names its
+	// last words, not those of the next one a concurrent call started.
+	p.stderr = &tail{max: 4096}
 	c := plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig: wire.Handshake,
 		Plugins:         plugin.PluginSet{wire.PluginName: &wire.GRPCPlugin{}},
@@ -409,7 +412,7 @@ func (p *Plugin) startLocked() (*session, error) {
 		return nil, fmt.Errorf("handshake failed: %v", err)
 	}
 	p.gen++
-	p.sess = &session{client: c, conn: raw.(*grpc.ClientConn), gen: p.gen}
+	p.sess = &session{client: c, conn: raw.(*grpc.ClientConn), gen: p.gen, stderr: p.stderr}
 	return p.sess, nil
 }
 
@@ -502,12 +505,6 @@ func (t *tail) Write(p []byte) (int, error) {
 		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
 	}
 	return len(p), nil
-}
-
-func (t *tail) reset() {
-	t.mu.Lock()
-	t.b = t.b[:0]
-	t.mu.Unlock()
 }
 
 func (t *tail) contains(s string) bool {
