@@ -254,3 +254,45 @@ func buildFaultyPlugin(t *testing.T) string {
 	}
 	return dir
 }
+
+// TestRequirePinsFromFlagEnvAndConfig: --require-pins (or
+// CKPT_REQUIRE_PINS, or require-pins in the agent's --config) refuses
+// every plugin that is not pinned, saying how to pin it; pinned ones run.
+func TestRequirePinsFromFlagEnvAndConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: builds plugins and runs them (about 20 s)")
+	}
+	dir := buildPlugins(t)
+	s3 := filepath.Join(dir, "ckpt-plugin-s3")
+	pin := "s3=" + fileSHA256(t, s3)
+	check := func(what string, res cliResult) {
+		t.Helper()
+		if res.Code != 1 || !strings.Contains(string(res.Stdout), s3) || strings.Contains(string(res.Stdout), "ckpt-plugin-memstore") ||
+			!strings.Contains(string(res.Stderr), "refused "+filepath.Join(dir, "ckpt-plugin-memstore")+": not pinned, and pins are required (--require-pins)") {
+			t.Errorf("%s: exit %d\n%s\n%s", what, res.Code, res.Stdout, res.Stderr)
+		}
+	}
+	check("--require-pins", runCkpt(t, "plugins", "--plugin-dir", dir, "--plugin-sha256", pin, "--require-pins"))
+	check("CKPT_REQUIRE_PINS=true", runCkptEnv(t, []string{"CKPT_REQUIRE_PINS=true"}, "plugins", "--plugin-dir", dir, "--plugin-sha256", pin))
+	if res := runCkptEnv(t, []string{"CKPT_REQUIRE_PINS=1"}, "plugins", "--plugin-dir", dir, "--plugin-sha256", pin, "--require-pins=false"); res.Code != 0 {
+		t.Errorf("--require-pins=false over the environment: exit %d\n%s", res.Code, res.Stderr)
+	}
+	if res := runCkptEnv(t, []string{"CKPT_REQUIRE_PINS=yes"}, "plugins", "--plugin-dir", dir); res.Code != 2 ||
+		!strings.Contains(string(res.Stderr), "CKPT_REQUIRE_PINS") {
+		t.Errorf("CKPT_REQUIRE_PINS=yes: exit %d, want 2\n%s", res.Code, res.Stderr)
+	}
+	if res := runCkpt(t, "list", "--plugin-dir", dir, "--require-pins", "--storage", "s3+plugin://bucket/x", "--job", "j"); res.Code == 0 ||
+		!strings.Contains(string(res.Stderr), "ckpt-plugin-s3: not pinned, and pins are required") {
+		t.Errorf("list with an unpinned plugin required: exit %d\n%s", res.Code, res.Stderr)
+	}
+
+	// The agent takes it from --config: its unpinned storage plugin is
+	// refused, so its scheme is not served and the agent stops.
+	cfg := filepath.Join(t.TempDir(), "agent.json")
+	os.WriteFile(cfg, []byte(`{"plugin-dir":"`+dir+`","require-pins":true,"socket":"`+filepath.Join(shortDir(t), "a.sock")+
+		`","storage":"s3+plugin://bucket/x","job":"j","local-dir":"`+t.TempDir()+`","allow-root":["/"]}`), 0o600)
+	res := runCkpt(t, "agent", "--config", cfg)
+	if res.Code != 1 || !strings.Contains(string(res.Stderr), "ckpt-plugin-s3: not pinned, and pins are required") {
+		t.Errorf("agent with require-pins in --config: exit %d\n%s", res.Code, res.Stderr)
+	}
+}

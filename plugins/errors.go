@@ -65,7 +65,7 @@ func (p *Plugin) fail(ctx context.Context, s *session, what string, err error) e
 	case codes.Unavailable, codes.Canceled, codes.Internal, codes.Unknown:
 		if wire.Detail(st) == nil && s.exited(2*time.Second) {
 			msg := fmt.Sprintf("plugin %s (%s) exited during %s", p.label(), p.info.Path, what)
-			if last := p.stderr.settledLastLine(500 * time.Millisecond); last != "" {
+			if last := s.stderr.settledLastLine(500 * time.Millisecond); last != "" {
 				msg += ": " + last
 			}
 			return &Error{Plugin: p.label(), Msg: msg + "; it is restarted on next use", Crashed: true}

@@ -8,7 +8,8 @@
 // built-in backend has, engines.Lookup finds plugin engines (a plugin
 // engine replaces a built-in one of the same name). A binary that fails
 // the handshake (another program, another magic cookie, another protocol
-// version), a pinned checksum or a permission check is refused, with the
+// version), a pinned checksum, or a permission check (a binary or
+// directory another user could write) is refused, with the
 // reason, and the others are still used.
 //
 // Transport: AutoMTLS (a one-time certificate pair per process), ctx
@@ -31,7 +32,6 @@ import (
 	"io"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
@@ -90,9 +90,12 @@ type Options struct {
 	Dir string
 	// Checksums pins plugins by name (the part after ckpt-plugin-) to the
 	// hex SHA-256 of their binary: a binary that differs is refused at
-	// discovery, and at every later start (go-plugin's SecureConfig).
+	// discovery, and at every later start. The open file that was hashed
+	// is the one executed. A pinned plugin keeps its schemes and engine
+	// against unpinned ones.
 	Checksums map[string]string
-	// RequireChecksums refuses plugins that Checksums does not pin.
+	// RequireChecksums refuses plugins that Checksums does not pin
+	// (--require-pins).
 	RequireChecksums bool
 	// Log receives the plugins' own log output (their stderr) and the
 	// host's messages about them. Nil means os.Stderr.
@@ -107,6 +110,10 @@ type Host struct {
 	opts    Options
 	plugins []*Plugin
 	refused []Refusal
+	// runDir is the host's private directory (0700) of plugin sockets,
+	// locked by runLock while the host lives.
+	runDir  string
+	runLock *os.File
 }
 
 var nameRE = regexp.MustCompile(`^[a-z0-9][a-z0-9._-]{0,62}$`)
@@ -129,10 +136,19 @@ func Discover(ctx context.Context, opts Options) (*Host, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plugin directory: %w", err)
 	}
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("plugin directory: %w", err)
+	} else if err := checkOwner(dir, fi, "directory"); err != nil {
+		return nil, err
+	}
 	if err := checkPinsPresent(dir, entries, opts.Checksums); err != nil {
 		return nil, err
 	}
-	h := &Host{opts: opts}
+	runDir, runLock, err := newRunDir()
+	if err != nil {
+		return nil, err
+	}
+	h := &Host{opts: opts, runDir: runDir, runLock: runLock}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, e := range entries {
@@ -155,8 +171,8 @@ func Discover(ctx context.Context, opts Options) (*Host, error) {
 	}
 	wg.Wait()
 	sort.Slice(h.plugins, func(i, j int) bool { return h.plugins[i].info.Name < h.plugins[j].info.Name })
-	sort.Slice(h.refused, func(i, j int) bool { return h.refused[i].Path < h.refused[j].Path })
 	h.dropConflicts()
+	sort.Slice(h.refused, func(i, j int) bool { return h.refused[i].Path < h.refused[j].Path })
 	return h, nil
 }
 
@@ -182,35 +198,55 @@ func checkPinsPresent(dir string, entries []os.DirEntry, pins map[string]string)
 		strings.Join(missing, ", "), dir, Prefix, missing[0])
 }
 
-// dropConflicts refuses a second plugin for a scheme or an engine.
+// dropConflicts refuses a second plugin for a scheme or an engine. Pinned
+// plugins claim theirs first (in name order), then unpinned ones: an
+// unpinned binary never displaces a pinned one, whatever its name.
 func (h *Host) dropConflicts() {
-	schemes := map[string]string{}
-	engs := map[string]string{}
-	kept := h.plugins[:0]
-	for _, p := range h.plugins {
-		reason := ""
-		for _, s := range p.info.Schemes {
-			if other, dup := schemes[s]; dup {
-				reason = fmt.Sprintf("scheme %s:// is already served by %s%s", s, Prefix, other)
+	claimed := map[string]*Plugin{} // "scheme s" or "engine e"
+	kept := map[*Plugin]bool{}
+	for _, pinned := range []bool{true, false} {
+		for _, p := range h.plugins {
+			if (p.checksum != nil) != pinned {
+				continue
 			}
+			var claims []string
+			for _, s := range p.info.Schemes {
+				claims = append(claims, "scheme "+s+"://")
+			}
+			if p.info.Engine != "" {
+				claims = append(claims, fmt.Sprintf("engine %q", p.info.Engine))
+			}
+			reason := ""
+			for _, c := range claims {
+				other := claimed[c]
+				switch {
+				case other == nil:
+					continue
+				case other.checksum != nil && p.checksum == nil:
+					reason = fmt.Sprintf("%s is served by the pinned %s and this plugin is not pinned: an unpinned plugin never replaces a pinned one; remove it from the plugin directory", c, other.label())
+				default:
+					reason = fmt.Sprintf("%s is already served by %s", c, other.label())
+				}
+				break
+			}
+			if reason != "" {
+				p.kill()
+				h.refused = append(h.refused, Refusal{Path: p.info.Path, Reason: reason})
+				continue
+			}
+			for _, c := range claims {
+				claimed[c] = p
+			}
+			kept[p] = true
 		}
-		if other, dup := engs[p.info.Engine]; p.info.Engine != "" && dup {
-			reason = fmt.Sprintf("engine %q is already served by %s%s", p.info.Engine, Prefix, other)
-		}
-		if reason != "" {
-			p.kill()
-			h.refused = append(h.refused, Refusal{Path: p.info.Path, Reason: reason})
-			continue
-		}
-		for _, s := range p.info.Schemes {
-			schemes[s] = p.info.Name
-		}
-		if p.info.Engine != "" {
-			engs[p.info.Engine] = p.info.Name
-		}
-		kept = append(kept, p)
 	}
-	h.plugins = kept
+	all := h.plugins
+	h.plugins = nil
+	for _, p := range all {
+		if kept[p] {
+			h.plugins = append(h.plugins, p)
+		}
+	}
 }
 
 // load checks and starts one binary and asks what it serves. A non-empty
@@ -221,33 +257,18 @@ func (h *Host) load(ctx context.Context, path string) (*Plugin, string) {
 	if !nameRE.MatchString(name) {
 		return nil, fmt.Sprintf("the name after %s must match %s", Prefix, nameRE)
 	}
-	fi, err := os.Stat(path)
-	switch {
-	case err != nil:
-		return nil, err.Error()
-	case !fi.Mode().IsRegular():
-		return nil, "not a regular file"
-	case fi.Mode().Perm()&0o111 == 0:
-		return nil, fmt.Sprintf("not executable (mode %v; chmod +x it)", fi.Mode().Perm())
-	}
 	p := &Plugin{host: h, info: Info{Name: name, Path: path}, stderr: &tail{max: 4096}}
 	if sum, ok := h.opts.Checksums[name]; ok {
 		want, err := hex.DecodeString(strings.TrimSpace(sum))
 		if err != nil || len(want) != sha256.Size {
 			return nil, fmt.Sprintf("the pinned checksum %q is not a hex SHA-256", sum)
 		}
-		got, err := fileSHA256(path)
-		if err != nil {
-			return nil, err.Error()
-		}
-		if !bytes.Equal(got, want) {
-			// Refused before it runs: nothing of this binary is executed.
-			return nil, mismatch(name, path, want, got)
-		}
 		p.checksum = want
 	} else if h.opts.RequireChecksums {
-		return nil, "no checksum is pinned for it and checksums are required"
+		return nil, fmt.Sprintf("not pinned, and pins are required (--require-pins): pin it with --plugin-sha256 %s=$(sha256sum < %s | cut -d' ' -f1), or remove it from the plugin directory", name, path)
 	}
+	// Checked (type, mode, owner, pinned SHA-256) on the opened file,
+	// which is what runs.
 	sess, err := p.start()
 	if err != nil {
 		return nil, err.Error()
@@ -290,19 +311,6 @@ func mismatch(name, path string, want, got []byte) string {
 		"if the plugin was upgraded on purpose, pin the new hash (sha256sum %s), else reinstall the pinned build", name, want, got, path)
 }
 
-func fileSHA256(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return nil, err
-	}
-	return h.Sum(nil), nil
-}
-
 // Plugins lists the accepted plugins, by name.
 func (h *Host) Plugins() []Info {
 	out := make([]Info, len(h.plugins))
@@ -315,10 +323,15 @@ func (h *Host) Plugins() []Info {
 // Refused lists the refused binaries, by path.
 func (h *Host) Refused() []Refusal { return append([]Refusal(nil), h.refused...) }
 
-// Close stops every plugin process.
+// Close stops every plugin process and removes their sockets.
 func (h *Host) Close() error {
 	for _, p := range h.plugins {
 		p.kill()
+	}
+	if h.runLock != nil {
+		os.RemoveAll(h.runDir)
+		h.runLock.Close()
+		h.runLock = nil
 	}
 	return nil
 }
@@ -340,6 +353,7 @@ type session struct {
 	client *plugin.Client
 	conn   *grpc.ClientConn
 	gen    uint64
+	stderr *tail // what this process wrote to stderr, its end
 }
 
 // Info describes the plugin.
@@ -355,20 +369,24 @@ func (p *Plugin) start() (*session, error) {
 }
 
 func (p *Plugin) startLocked() (*session, error) {
-	cmd := exec.Command(p.info.Path)
-	setDeathSignal(cmd)
-	var sc *plugin.SecureConfig
-	if p.checksum != nil {
-		sc = &plugin.SecureConfig{Checksum: p.checksum, Hash: sha256.New()}
+	bin, execPath, err := p.openBinary(p.host.runDir)
+	if err != nil {
+		return nil, err
 	}
+	defer bin.Close()
 	log := p.host.opts.Log
 	lw := &prefixWriter{prefix: p.label() + ": ", w: log}
-	p.stderr.reset()
+	// A tail per process: a call that failed with one process names its
+	// last words, not those of the next one a concurrent call started.
+	p.stderr = &tail{max: 4096}
 	c := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  wire.Handshake,
-		Plugins:          plugin.PluginSet{wire.PluginName: &wire.GRPCPlugin{}},
-		Cmd:              cmd,
-		SecureConfig:     sc,
+		HandshakeConfig: wire.Handshake,
+		Plugins:         plugin.PluginSet{wire.PluginName: &wire.GRPCPlugin{}},
+		// The binary runs from the file openBinary checked, with its
+		// sockets in a directory of the host's own that go-plugin
+		// removes when the process is stopped or found dead.
+		RunnerFunc:       p.runnerFunc(bin, execPath),
+		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: p.host.runDir},
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		AutoMTLS:         true,
 		StartTimeout:     p.host.opts.StartTimeout,
@@ -394,7 +412,7 @@ func (p *Plugin) startLocked() (*session, error) {
 		return nil, fmt.Errorf("handshake failed: %v", err)
 	}
 	p.gen++
-	p.sess = &session{client: c, conn: raw.(*grpc.ClientConn), gen: p.gen}
+	p.sess = &session{client: c, conn: raw.(*grpc.ClientConn), gen: p.gen, stderr: p.stderr}
 	return p.sess, nil
 }
 
@@ -404,12 +422,6 @@ func (p *Plugin) explainStart(err error) error {
 	msg := err.Error()
 	last := p.stderr.lastLine()
 	switch {
-	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
-		got, herr := fileSHA256(p.info.Path)
-		if herr != nil {
-			return fmt.Errorf("checksum mismatch: the binary changed since it was pinned, and cannot be read now: %v", herr)
-		}
-		return errors.New(mismatch(p.info.Name, p.info.Path, p.checksum, got))
 	case strings.Contains(msg, "incompatible API version"):
 		return fmt.Errorf("wrong plugin protocol version (%s); this ckpt speaks protocol %d: rebuild the plugin with this ckpt's plugins/sdk", firstLine(msg), ProtocolVersion)
 	case strings.Contains(msg, "incompatible core API version"):
@@ -493,12 +505,6 @@ func (t *tail) Write(p []byte) (int, error) {
 		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
 	}
 	return len(p), nil
-}
-
-func (t *tail) reset() {
-	t.mu.Lock()
-	t.b = t.b[:0]
-	t.mu.Unlock()
 }
 
 func (t *tail) contains(s string) bool {

@@ -13,7 +13,7 @@ import (
 // Pins maps plugin names (the part of the file name after ckpt-plugin-)
 // to the hex SHA-256 their binary must have. A pinned binary whose hash
 // differs is refused before it runs, at discovery and at every restart
-// (go-plugin's SecureConfig checks the file again before each start).
+// (each start hashes the open file it then executes).
 type Pins map[string]string
 
 // ParsePin parses NAME=HEX: a plugin name (ckpt-plugin-NAME is accepted

@@ -68,6 +68,9 @@ func built(t testing.TB) string {
 }
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(hostProcessEnv); dir != "" {
+		os.Exit(hostProcess(dir))
+	}
 	code := m.Run()
 	if buildDir != "" {
 		os.RemoveAll(buildDir)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -20,12 +21,14 @@ var pluginCommands = map[string]bool{
 	"gc": true, "drill": true, "savepoint": true,
 }
 
-// pluginDir is the --plugin-dir of the command being run; pluginPins and
-// pluginPinFile are its --plugin-sha256 and --plugin-sha256-file.
+// pluginDir is the --plugin-dir of the command being run; pluginPins,
+// pluginPinFile and pluginRequirePins are its --plugin-sha256,
+// --plugin-sha256-file and --require-pins.
 var (
-	pluginDir     string
-	pluginPins    = pinFlag{}
-	pluginPinFile string
+	pluginDir         string
+	pluginPins        = pinFlag{}
+	pluginPinFile     string
+	pluginRequirePins bool
 )
 
 // addPluginDirFlag gives a command that uses plugins its --plugin-dir flag
@@ -35,15 +38,28 @@ func addPluginDirFlag(fs *flag.FlagSet, name string) {
 		pluginPins, pluginPinFile = pinFlag{}, ""
 		fs.StringVar(&pluginDir, "plugin-dir", os.Getenv("CKPT_PLUGIN_DIR"),
 			"directory of ckpt-plugin-* binaries (storage backends and engines) to use (default $CKPT_PLUGIN_DIR)")
-		addPinFlags(fs, pluginPins, &pluginPinFile)
+		addPinFlags(fs, pluginPins, &pluginPinFile, &pluginRequirePins)
 	}
 }
 
-// addPinFlags adds --plugin-sha256 and --plugin-sha256-file.
-func addPinFlags(fs *flag.FlagSet, pins pinFlag, file *string) {
+// addPinFlags adds --plugin-sha256, --plugin-sha256-file and
+// --require-pins.
+func addPinFlags(fs *flag.FlagSet, pins pinFlag, file *string, require *bool) {
 	fs.Var(pins, "plugin-sha256", "NAME=SHA256: run ckpt-plugin-NAME only if its binary has this SHA-256 (repeatable, or comma-separated)")
 	fs.StringVar(file, "plugin-sha256-file", "", "file of pins, one per line: NAME=SHA256, or the output of sha256sum ckpt-plugin-*")
+	*require = false
+	if v, ok := os.LookupEnv(requirePinsEnv); ok {
+		// A value that is no boolean requires pins: an error (see
+		// pluginOptions) must not turn the check off.
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		*require = b || err != nil
+	}
+	fs.BoolVar(require, "require-pins", *require, "refuse every plugin that --plugin-sha256 or --plugin-sha256-file does not pin (default $"+requirePinsEnv+")")
 }
+
+// requirePinsEnv is --require-pins from the environment, for every
+// command that has the flag.
+const requirePinsEnv = "CKPT_REQUIRE_PINS"
 
 // pinFlag is the repeatable --plugin-sha256 NAME=HEX.
 type pinFlag plugins.Pins
@@ -73,7 +89,12 @@ func (p pinFlag) Set(v string) error {
 }
 
 // pluginOptions merges the pins of the flags and of the pin file.
-func pluginOptions(dir string, pins pinFlag, file string) (plugins.Options, error) {
+func pluginOptions(dir string, pins pinFlag, file string, requirePins bool) (plugins.Options, error) {
+	if v, ok := os.LookupEnv(requirePinsEnv); ok {
+		if _, err := strconv.ParseBool(strings.TrimSpace(v)); err != nil {
+			return plugins.Options{}, usageError{fmt.Errorf("environment %s=%q: want true or false", requirePinsEnv, v)}
+		}
+	}
 	all := plugins.Pins{}
 	if file != "" {
 		fp, err := plugins.ReadPinFile(file)
@@ -90,7 +111,7 @@ func pluginOptions(dir string, pins pinFlag, file string) (plugins.Options, erro
 	if len(all) > 0 && dir == "" {
 		return plugins.Options{}, usageError{fmt.Errorf("--plugin-sha256 pins plugins but no --plugin-dir (or CKPT_PLUGIN_DIR) is given")}
 	}
-	return plugins.Options{Dir: dir, Checksums: all}, nil
+	return plugins.Options{Dir: dir, Checksums: all, RequireChecksums: requirePins}, nil
 }
 
 var (
@@ -104,7 +125,7 @@ var (
 // stderr and left out; an unreadable directory is an error.
 func loadPlugins(ctx context.Context) error {
 	pluginsOnce.Do(func() {
-		opts, err := pluginOptions(pluginDir, pluginPins, pluginPinFile)
+		opts, err := pluginOptions(pluginDir, pluginPins, pluginPinFile, pluginRequirePins)
 		if err != nil || pluginDir == "" {
 			pluginsErr = err
 			return
@@ -133,13 +154,13 @@ func closePlugins() {
 func runPlugins(ctx context.Context, args []string) error {
 	fs := newFlags("plugins", "--plugin-dir DIR [--json]", "ckpt plugins --plugin-dir /usr/lib/ckpt/plugins --json")
 	dir := fs.String("plugin-dir", os.Getenv("CKPT_PLUGIN_DIR"), "directory of ckpt-plugin-* binaries (default $CKPT_PLUGIN_DIR)")
-	pins, pinFile := pinFlag{}, ""
-	addPinFlags(fs, pins, &pinFile)
+	pins, pinFile, requirePins := pinFlag{}, "", false
+	addPinFlags(fs, pins, &pinFile, &requirePins)
 	asJSON := fs.Bool("json", false, `print [{"name","kind","schemes"|"engine","path","protocol"}] as JSON`)
 	if err := parse(fs, args, "plugin-dir"); err != nil {
 		return err
 	}
-	opts, err := pluginOptions(*dir, pins, pinFile)
+	opts, err := pluginOptions(*dir, pins, pinFile, requirePins)
 	if err != nil {
 		return err
 	}

@@ -3,13 +3,15 @@
 //
 //   - ckpt-plugin-faulty serves faulty:///dir as the file:// backend,
 //     except that a Put of a key under crash/ exits the process halfway
-//     through the body, and a Get or Stat of a key under hang/ never
+//     through the body, a Put of a key under kill/ sends the process
+//     SIGKILL, and a Get or Stat of a key under hang/ never
 //     returns; it prints to stdout before Serve and on every Put.
 //   - ckpt-plugin-testengine serves the engine "testengine": *.dat files
 //     are shared, Check counts the files of the directory.
 //
 // Started with CKPT_TEST_RAN_FILE set, it first appends its name to that
-// file, so that a test can tell whether it ran at all. While the file
+// file, so that a test can tell whether it ran at all; with
+// CKPT_TEST_PID_FILE set, it writes its pid there. While the file
 // CKPT_TEST_CRASH_FILE names exists, every Put of a key with a /shared/
 // segment crashes the process halfway through the body (an agent's
 // upload of a data file). While the file CKPT_TEST_HANG_FILE names exists,
@@ -42,6 +44,10 @@ func main() {
 			f.Close()
 		}
 	}
+	// Tests that must signal the process name a file for its pid.
+	if p := os.Getenv("CKPT_TEST_PID_FILE"); p != "" {
+		os.WriteFile(p, []byte(fmt.Sprint(os.Getpid())), 0o600)
+	}
 	fmt.Println("noise on stdout before Serve")
 	os.Stdout.WriteString("more noise\n")
 	syscall.Write(1, []byte("raw noise on fd 1\n"))
@@ -73,6 +79,10 @@ func (f *faulty) Put(ctx context.Context, key string, body io.ReadSeeker, size i
 		if _, err := os.Stat(p); err == nil {
 			select {}
 		}
+	}
+	if strings.HasPrefix(key, "kill/") {
+		// Killed as by the OOM killer: nothing is cleaned up.
+		syscall.Kill(os.Getpid(), syscall.SIGKILL)
 	}
 	if crash {
 		io.CopyN(io.Discard, body, size/2)
