@@ -105,7 +105,8 @@ func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.D
 		}
 		if o.drillEvery > 0 {
 			svc.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-				return restore.Drill(ctx, restore.DrillOptions{Store: s.drill, Job: job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
+				return restore.Drill(ctx, restore.DrillOptions{Store: s.drill, Job: job, Task: task, ScratchDir: o.scratch, Check: engines.Check,
+					SampleBytes: o.drillSampleBytes})
 			}
 		}
 		return svc, nil
