@@ -613,8 +613,16 @@ func (a *Agent) drills(ctx context.Context) {
 				rec.Checkpoint, rec.Bytes, rec.Files = res.Checkpoint, res.Bytes, res.Files
 				rec.Duration = time.Duration(res.DurationMS) * time.Millisecond
 				rec.Throughput, rec.Verified = res.ThroughputBytesPerS, res.Verified
-				a.log.Info("restore drill", "task", st.Task, "checkpoint", res.Checkpoint, "bytes", res.Bytes,
-					"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
+				if res.Sample {
+					// What was read and verified: the duration is the sample's.
+					rec.Sample, rec.Bytes, rec.Files = true, res.SampleBytes, res.SampleFiles
+					a.log.Info("restore drill of a sample", "task", st.Task, "checkpoint", res.Checkpoint, "sample", true,
+						"sample_files", res.SampleFiles, "sample_bytes", res.SampleBytes, "files", res.Files, "bytes", res.Bytes, "seed", res.SampleSeed,
+						"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
+				} else {
+					a.log.Info("restore drill", "task", st.Task, "checkpoint", res.Checkpoint, "bytes", res.Bytes,
+						"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
+				}
 			}
 			a.cfg.Telemetry.DrillEnded(ctx, rec)
 		}

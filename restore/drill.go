@@ -32,6 +32,14 @@ type DrillOptions struct {
 	// size exceeds it (ErrDrillRefused). Every drill is also refused when
 	// the scratch directory lacks the free space for it.
 	MaxBytes int64
+	// SampleBytes, when positive, drills a sample instead of the whole
+	// checkpoint: files picked at random until SampleBytes (plus at most
+	// one file), each object read whole from storage and checked against
+	// the manifest's size and hash, nothing written to disk (no scratch
+	// space, no MaxBytes, no engine check). SampleSeed seeds the pick (0: a
+	// random seed); the result reports the seed used.
+	SampleBytes int64
+	SampleSeed  uint64
 }
 
 // DrillResult is `ckpt drill --json`.
@@ -45,14 +53,26 @@ type DrillResult struct {
 	Verified            bool    `json:"verified"`
 	EngineChecked       bool    `json:"engine_checked"`
 	Keys                int64   `json:"keys,omitempty"`
+	// Sample is true for a sample drill (DrillOptions.SampleBytes): Bytes
+	// and Files are then the checkpoint's, SampleFiles and SampleBytes
+	// what was read and verified, and DurationMS and the throughput those
+	// of the sample.
+	Sample      bool   `json:"sample"`
+	SampleFiles int    `json:"sample_files,omitempty"`
+	SampleBytes int64  `json:"sample_bytes,omitempty"`
+	SampleSeed  uint64 `json:"sample_seed,omitempty"`
 }
 
 // Drill restores the newest checkpoint of a task from storage alone (never
 // the local copy) into a scratch directory, verifying every byte as every
 // restore does, optionally opens it with its engine, and removes it. The
 // duration is the restore an outage would wait for; the engine check is not
-// part of it.
+// part of it. With o.SampleBytes, it verifies a sample and restores
+// nothing (see DrillOptions).
 func Drill(ctx context.Context, o DrillOptions) (*DrillResult, error) {
+	if o.SampleBytes > 0 {
+		return drillSample(ctx, o)
+	}
 	if o.ScratchDir == "" {
 		o.ScratchDir = os.TempDir()
 	}

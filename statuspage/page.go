@@ -109,6 +109,7 @@ type drillSummary struct {
 	Ago              string
 	VsCheckpoint     string // drill duration over the last checkpoint's, "1.4×"
 	ThroughputBytesS int64
+	Sample           bool // a sample drill: Bytes were read and verified, not restored
 }
 
 // standbySummary is this agent's warm copy of a task it follows.
@@ -242,8 +243,8 @@ func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
 	if d := tv.LastDrill; d != nil {
 		ds := &drillSummary{Checkpoint: d.Checkpoint, Duration: d.Duration, DurationH: human.Duration(d.Duration),
 			Throughput: d.Throughput, ThroughputH: human.Rate(d.Throughput), Bytes: human.Bytes(d.Bytes),
-			Verified: d.Verified, Error: d.Error, Ago: ago(now, d.At), ThroughputBytesS: int64(d.Throughput)}
-		if last != nil && last.Total > 0 && d.Duration > 0 {
+			Verified: d.Verified, Error: d.Error, Ago: ago(now, d.At), ThroughputBytesS: int64(d.Throughput), Sample: d.Sample}
+		if last != nil && last.Total > 0 && d.Duration > 0 && !d.Sample {
 			ds.VsCheckpoint = strconv.FormatFloat(float64(d.Duration)/float64(last.Total), 'f', 1, 64) + "×"
 		}
 		tp.Drill = ds
@@ -525,7 +526,7 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 {{end}}
 {{with .Drill}}
 <tr><th>restore drill</th><td>{{if .Verified}}<span class="value drill-duration" data-ns="{{.Duration.Nanoseconds}}">{{.DurationH}}</span> at <span class="value drill-throughput" data-bytes-per-second="{{.ThroughputBytesS}}">{{.ThroughputH}}</span>
-<div class="sub">{{.Bytes}} of checkpoint {{.Checkpoint}}, verified{{if .VsCheckpoint}} · {{.VsCheckpoint}} the last checkpoint's duration{{end}}{{if .Ago}} · {{.Ago}}{{end}}</div>
+<div class="sub">{{.Bytes}}{{if .Sample}} sample{{end}} of checkpoint {{.Checkpoint}}, verified{{if .VsCheckpoint}} · {{.VsCheckpoint}} the last checkpoint's duration{{end}}{{if .Ago}} · {{.Ago}}{{end}}</div>
 {{else}}<span class="value bad drill-failed">failed</span><div class="sub">checkpoint {{.Checkpoint}}{{if .Error}}: {{.Error}}{{end}}</div>{{end}}</td></tr>
 {{else}}
 <tr><th>restore drill</th><td><span class="sub drill-none">no drill yet</span></td></tr>

@@ -71,8 +71,12 @@ type DrillRecord struct {
 	Duration   time.Duration `json:"duration_ns"`
 	Throughput float64       `json:"throughput_bytes_per_s"`
 	Verified   bool          `json:"verified"`
-	Error      string        `json:"error,omitempty"`
-	At         time.Time     `json:"at"`
+	// Sample is true for a sample drill (--drill-sample-bytes): Bytes and
+	// Files are the sample's, read from storage and verified, not
+	// restored.
+	Sample bool      `json:"sample,omitempty"`
+	Error  string    `json:"error,omitempty"`
+	At     time.Time `json:"at"`
 }
 
 // StandbyRecord is one refresh of a warm standby's copy of a task this
@@ -171,7 +175,7 @@ type instruments struct {
 	restoreDur                                metric.Float64Histogram
 	restoreBytes                              metric.Int64Counter
 	drillDur, drillThroughput                 metric.Float64Gauge
-	drillOK                                   metric.Int64Gauge
+	drillOK, drillSample                      metric.Int64Gauge
 	standbyLag                                metric.Float64Gauge
 	standbyHeld                               metric.Int64Gauge
 	standbyBytes                              metric.Int64Counter
@@ -312,6 +316,7 @@ func (t *instruments) create(m metric.Meter) error {
 	t.drillDur = fg("ckpt.drill.last.duration", "s", "Duration of the last restore drill: measured restore time from storage alone.")
 	t.drillThroughput = fg("ckpt.drill.last.throughput", "By/s", "Throughput of the last restore drill.")
 	t.drillOK = ig("ckpt.drill.last.verified", "1", "1 if the last restore drill verified every byte, 0 if it failed.")
+	t.drillSample = ig("ckpt.drill.last.sample", "1", "1 if the last restore drill was a sample (--drill-sample-bytes: a random sample of the files read and verified, nothing restored), 0 if it restored the whole checkpoint.")
 	t.standbyLag = fg("ckpt.standby.lag", "s", "How long ago the owner committed the checkpoint a warm standby follows, while the standby's copy lacks it (0: it holds it).")
 	t.standbyHeld = ig("ckpt.standby.checkpoint", "{checkpoint}", "The checkpoint a warm standby's local copy holds.")
 	t.standbyFailover = fg("ckpt.standby.failover.duration", "s", "Measured failover restore on a warm standby's node: from its copy, every byte verified (with --drill-interval).")
@@ -502,6 +507,11 @@ func (t *Telemetry) DrillEnded(ctx context.Context, d DrillRecord) {
 		t.drillThroughput.Record(ctx, d.Throughput, a)
 	}
 	t.drillOK.Record(ctx, ok, a)
+	sample := int64(0)
+	if d.Sample {
+		sample = 1
+	}
+	t.drillSample.Record(ctx, sample, a)
 	if d.At.IsZero() {
 		d.At = time.Now()
 	}

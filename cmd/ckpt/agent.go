@@ -71,6 +71,7 @@ type agentOptions struct {
 	pprof                              bool
 	drillEvery                         time.Duration
 	drillRate, drillMaxBytes           int64
+	drillSampleBytes                   int64
 	scratch                            string
 	standbyFor                         stringList
 	standbyEvery                       time.Duration
@@ -115,6 +116,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.DurationVar(&o.drillEvery, "drill-interval", 0, "run a restore drill from storage for every task this often (0: never)")
 	fs.Int64Var(&o.drillRate, "drill-rate", 0, "bandwidth limit for drills in bytes/s (0: unlimited)")
 	fs.Int64Var(&o.drillMaxBytes, "drill-max-bytes", 0, "refuse a drill of a checkpoint whose full size exceeds this many bytes (0: no cap; every drill is also refused when --drill-dir lacks the free space for it)")
+	fs.Int64Var(&o.drillSampleBytes, "drill-sample-bytes", 0, "drill a sample instead of the whole checkpoint: files picked at random until this many bytes (plus at most one file), read from storage and checked against the manifest, nothing written (0: restore the whole checkpoint into --drill-dir)")
 	fs.StringVar(&o.scratch, "drill-dir", "", "scratch directory for drills (default: the system temp dir)")
 	fs.Var(&o.standbyFor, "standby-for", "a task of the job this agent follows without owning it: its newest checkpoint is kept in --local-dir, so that a restore of it on this node is local (repeatable, or comma-separated)")
 	fs.DurationVar(&o.standbyEvery, "standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
@@ -212,6 +214,9 @@ func (o *agentOptions) check(fs *flag.FlagSet) error {
 	if o.drillMaxBytes < 0 {
 		return usageError{fmt.Errorf("--drill-max-bytes must not be negative (0: no cap)")}
 	}
+	if o.drillSampleBytes < 0 {
+		return usageError{fmt.Errorf("--drill-sample-bytes must not be negative (0: drill the whole checkpoint)")}
+	}
 	if o.uploadRate < 0 || o.drillRate < 0 || o.scrubRate < 0 || o.standbyRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
 	}
@@ -290,7 +295,8 @@ func runAgent(ctx context.Context, args []string) error {
 		drillStore := ratelimit.New(base, ratelimit.Limits{Download: o.drillRate})
 		cfg.DrillInterval = o.drillEvery
 		cfg.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check, MaxBytes: o.drillMaxBytes})
+			return restore.Drill(ctx, restore.DrillOptions{Store: drillStore, Job: o.job, Task: task, ScratchDir: o.scratch, Check: engines.Check, MaxBytes: o.drillMaxBytes,
+				SampleBytes: o.drillSampleBytes})
 		}
 	}
 	{

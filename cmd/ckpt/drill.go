@@ -13,7 +13,7 @@ func runDrill(ctx context.Context, args []string) error {
 	if hasFlag(args, "rescale-from") {
 		return runRescaleDrill(ctx, args)
 	}
-	fs := newFlags("drill", "--storage URL --job NAME [--task T] [--engine E] [--json]",
+	fs := newFlags("drill", "--storage URL --job NAME [--task T] [--engine E] [--sample-bytes N [--seed S]] [--json]",
 		"ckpt drill --storage s3://bucket/ckpt --job orders --task orders-3 --engine rocksdb --plugin-dir /usr/lib/ckpt/plugins --json   (without --task: every task of the newest job-complete checkpoint, in parallel)")
 	store := fs.String("storage", "", "storage URL")
 	job := fs.String("job", "", "job name")
@@ -22,9 +22,20 @@ func runDrill(ctx context.Context, args []string) error {
 	par := fs.Int("parallelism", 8, "files restored at once")
 	noCheck := fs.Bool("no-engine-check", false, "do not open the restored store with its engine")
 	engine := fs.String("engine", "", "check the restored store with this engine (pebble, rocksdb, or one a plugin serves) instead of the one its manifest names")
+	sampleBytes := fs.Int64("sample-bytes", 0, "drill a sample: read files of the checkpoint picked at random until this many bytes (plus at most one file) from storage and check each against the manifest, restoring nothing (0: restore the whole checkpoint)")
+	seed := fs.Uint64("seed", 0, "with --sample-bytes: seed of the random pick, to repeat a sample (0: a random seed, reported)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parse(fs, args, "storage", "job"); err != nil {
 		return err
+	}
+	if *sampleBytes < 0 {
+		return usageError{fmt.Errorf("--sample-bytes must not be negative (0: drill the whole checkpoint)")}
+	}
+	if *sampleBytes > 0 && (*task == "" || *engine != "") {
+		return usageError{fmt.Errorf("--sample-bytes drills a sample of one task's files and opens no engine: give --task, and no --engine")}
+	}
+	if *seed != 0 && *sampleBytes == 0 {
+		return usageError{fmt.Errorf("--seed seeds the pick of a sample: give --sample-bytes too")}
 	}
 	if err := validNames(*job, *task); err != nil {
 		return err
@@ -44,7 +55,8 @@ func runDrill(ctx context.Context, args []string) error {
 	if *task == "" {
 		return jobDrill(ctx, restore.JobDrillOptions{Store: st, Job: *job, ScratchDir: *scratch, Parallelism: *par, Check: check}, *asJSON)
 	}
-	o := restore.DrillOptions{Store: st, Job: *job, Task: *task, ScratchDir: *scratch, Parallelism: *par, Check: check}
+	o := restore.DrillOptions{Store: st, Job: *job, Task: *task, ScratchDir: *scratch, Parallelism: *par, Check: check,
+		SampleBytes: *sampleBytes, SampleSeed: *seed}
 	bar := newProgress(!*asJSON, "drill")
 	o.Progress = bar.update
 	res, err := restore.Drill(ctx, o)
@@ -54,6 +66,12 @@ func runDrill(ctx context.Context, args []string) error {
 	}
 	if *asJSON {
 		return printJSON(res)
+	}
+	if res.Sample {
+		fmt.Printf("sample drill of %s checkpoint %d: %d of %d files, %s of %s, read from storage and verified in %d ms (%s/s), seed %d; nothing restored, the store not opened\n",
+			res.Task, res.Checkpoint, res.SampleFiles, res.Files, human.Bytes(res.SampleBytes), human.Bytes(res.Bytes), res.DurationMS,
+			human.Bytes(int64(res.ThroughputBytesPerS)), res.SampleSeed)
+		return nil
 	}
 	fmt.Printf("drill of %s checkpoint %d: %d files, %s restored from storage and verified in %d ms (%s/s)",
 		res.Task, res.Checkpoint, res.Files, human.Bytes(res.Bytes), res.DurationMS, human.Bytes(int64(res.ThroughputBytesPerS)))

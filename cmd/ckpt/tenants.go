@@ -81,7 +81,11 @@ func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.D
 					return agent.TenantServices{}, err
 				}
 			}
-			base, err := openStore(ctx, t.Storage)
+			// As in sidecar mode: a tenant's storage that does not answer
+			// is an outage of that tenant alone (its checkpoints answer
+			// unavailable until it answers); a URL ckpt cannot use stops
+			// the agent.
+			base, err := openAgentStore(ctx, t.Storage, log.With("tenant", t.Name))
 			if err != nil {
 				openErr = fmt.Errorf("tenant %q: %w", t.Name, err)
 				return agent.TenantServices{}, err
@@ -101,7 +105,8 @@ func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.D
 		}
 		if o.drillEvery > 0 {
 			svc.Drill = func(ctx context.Context, task string) (*restore.DrillResult, error) {
-				return restore.Drill(ctx, restore.DrillOptions{Store: s.drill, Job: job, Task: task, ScratchDir: o.scratch, Check: engines.Check})
+				return restore.Drill(ctx, restore.DrillOptions{Store: s.drill, Job: job, Task: task, ScratchDir: o.scratch, Check: engines.Check,
+					SampleBytes: o.drillSampleBytes})
 			}
 		}
 		return svc, nil

@@ -25,6 +25,11 @@ func TestEveryUsageErrorExits2(t *testing.T) {
 		{"verify", "--storage", "s4://bucket", "--job", "j"},
 		{"gc", "--storage", "s4://bucket", "--job", "j"},
 		{"drill", "--storage", "%zz", "--job", "j", "--task", "t"},
+		{"drill", "--storage", url, "--job", "j", "--task", "t", "--sample-bytes", "-1"},
+		{"drill", "--storage", url, "--job", "j", "--sample-bytes", "1000"},
+		{"drill", "--storage", url, "--job", "j", "--task", "t", "--sample-bytes", "1000", "--engine", "pebble"},
+		{"drill", "--storage", url, "--job", "j", "--task", "t", "--seed", "5"},
+		{"agent", "--socket", sock, "--storage", url, "--job", "j", "--allow-root", dir, "--drill-sample-bytes", "-1"},
 	} {
 		start := time.Now()
 		code, _, stderr := runCaptured(t, args...)
