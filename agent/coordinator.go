@@ -21,6 +21,7 @@ import (
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/storage/lazy"
 	"github.com/ckpt-io/ckpt/storage/retry"
 	"github.com/ckpt-io/ckpt/telemetry"
 	"github.com/ckpt-io/ckpt/uploader"
@@ -577,7 +578,9 @@ func (a *Agent) upload(ctx context.Context, ck *checkpoint) (protocol.Event, err
 		// The write's outcome is unknown (a timeout or a lost reply may
 		// hide a write that landed; a conflict on this owner's own key
 		// may be this very write, retried): storage decides.
-		ck.at("checking whether the manifest landed")
+		if !timedOut(ctx) { // a timeout names the step it struck: the commit
+			ck.at("checking whether the manifest landed")
+		}
 		ok, lerr := a.landed(ctx, m, encoded)
 		switch {
 		case ok:
@@ -1020,7 +1023,7 @@ func ownError(req protocol.Request, err error) *protocol.Error {
 		return errorf(protocol.CodeConflict, "task %s: %v", req.Task, err)
 	case errors.As(err, &bad):
 		return errorf(protocol.CodeInternal, "task %s: %v", req.Task, err)
-	case retry.Transient(err):
+	case retry.Transient(err), errors.As(err, new(*lazy.UnavailableError)):
 		return errorf(protocol.CodeUnavailable, "task %s: take ownership: %v", req.Task, err)
 	}
 	return errorf(protocol.CodeInternal, "task %s: take ownership: %v", req.Task, err)

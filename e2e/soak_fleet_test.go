@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -239,6 +238,7 @@ func (s *fleetSoak) taskLoop(ctx context.Context, task string, rng *rand.Rand) {
 			}
 			next++
 			sinceMove++
+			time.Sleep(25 * time.Millisecond) // an app's pace, which a checker's restore can keep up with
 			continue
 		}
 		// Move: the other node restores (taking the task over) while the
@@ -368,61 +368,56 @@ func (s *fleetSoak) hostileLoop(ctx context.Context, secretPath string) {
 	}
 }
 
-// check lists task and restores its newest listed checkpoint from storage.
-func (s *fleetSoak) check(ctx context.Context, task string, final bool) {
-	for attempt := 0; ; attempt++ {
-		newest := s.newestCompleted(task)
-		out, err := ckptCtx(ctx, []string{unsafeGCGrace}, "list", "--storage", s.storage, "--job", fleetSoakJob, "--task", task, "--json")
-		if err != nil {
-			if ctx.Err() == nil {
-				s.problem("check %s: %v", task, err)
-			}
-			return
+// check lists task, then restores its newest checkpoint from storage
+// (whatever is newest when the restore looks: checkpoints complete faster
+// than a process starts) and compares it with what the app sent.
+func (s *fleetSoak) check(ctx context.Context, task string) {
+	floor := s.newestCompleted(task)
+	out, err := ckptCtx(ctx, []string{unsafeGCGrace}, "list", "--storage", s.storage, "--job", fleetSoakJob, "--task", task, "--json")
+	if err != nil {
+		if ctx.Err() == nil {
+			s.problem("check %s: %v", task, err)
 		}
-		var list []listEntry
-		if err := json.Unmarshal(out, &list); err != nil {
-			s.problem("check %s: ckpt list: %v: %s", task, err, out)
-			return
-		}
-		if len(list) == 0 {
-			if newest > 0 {
-				s.problem("check %s: storage lists no checkpoint of the task, whose owner reported checkpoint %d completed", task, newest)
-			}
-			return
-		}
-		top := list[len(list)-1].Checkpoint
-		if top < newest && task != "hostile" {
-			s.problem("check %s: the newest listed checkpoint is %d, older than %d which was reported completed", task, top, newest)
-		}
-		target := filepath.Join(s.base, "check", fmt.Sprintf("%s-%d-%d", task, top, time.Now().UnixNano()))
-		_, rerr := ckptCtx(ctx, []string{unsafeGCGrace}, "restore", "--storage", s.storage, "--job", fleetSoakJob, "--task", task,
-			"--checkpoint", strconv.FormatUint(top, 10), "--target", target, "--json")
-		if rerr != nil {
-			os.RemoveAll(target)
-			if ctx.Err() != nil {
-				return
-			}
-			// Retired meanwhile? Then a newer checkpoint is listed now, and
-			// that one is checked instead. A checkpoint that is still the
-			// newest listed and does not restore is lost.
-			out, err := ckptCtx(ctx, []string{unsafeGCGrace}, "list", "--storage", s.storage, "--job", fleetSoakJob, "--task", task, "--json")
-			var now []listEntry
-			if err == nil && json.Unmarshal(out, &now) == nil && len(now) > 0 && now[len(now)-1].Checkpoint > top && !final && attempt < 20 {
-				s.count("checks raced by a newer commit")
-				continue
-			}
-			s.problem("check %s: the newest listed checkpoint %d does not restore: %v", task, top, rerr)
-			return
-		}
-		if want := s.expectedOf(task, top); want == nil {
-			s.problem("check %s: storage lists checkpoint %d, which the app never sent", task, top)
-		} else if err := compareFleetDir(target, want); err != nil {
-			s.problem("check %s: checkpoint %d restores other bytes than were sent: %v", task, top, err)
-		}
-		os.RemoveAll(target)
-		s.count("checks")
 		return
 	}
+	var list []listEntry
+	if err := json.Unmarshal(out, &list); err != nil {
+		s.problem("check %s: ckpt list: %v: %s", task, err, out)
+		return
+	}
+	if len(list) == 0 {
+		if floor > 0 {
+			s.problem("check %s: storage lists no checkpoint of the task, whose owner reported checkpoint %d completed", task, floor)
+		}
+		return
+	}
+	if top := list[len(list)-1].Checkpoint; top < floor && task != "hostile" {
+		s.problem("check %s: the newest listed checkpoint is %d, older than %d which was reported completed", task, top, floor)
+	}
+	target := filepath.Join(s.base, "check", fmt.Sprintf("%s-%d", task, time.Now().UnixNano()))
+	defer os.RemoveAll(target)
+	rout, rerr := ckptCtx(ctx, []string{unsafeGCGrace}, "restore", "--storage", s.storage, "--job", fleetSoakJob, "--task", task,
+		"--target", target, "--json")
+	if rerr != nil {
+		if ctx.Err() == nil {
+			s.problem("check %s: the newest checkpoint does not restore (newest listed a moment before: %d): %v", task, list[len(list)-1].Checkpoint, rerr)
+		}
+		return
+	}
+	var r restoreResult
+	if err := json.Unmarshal(rout, &r); err != nil || !r.Restored {
+		s.problem("check %s: ckpt restore --json: %v: %s", task, err, rout)
+		return
+	}
+	if r.Checkpoint < floor && task != "hostile" {
+		s.problem("check %s: restore took checkpoint %d, older than %d which was reported completed before it looked", task, r.Checkpoint, floor)
+	}
+	if want := s.expectedOf(task, r.Checkpoint); want == nil {
+		s.problem("check %s: storage holds checkpoint %d, which the app never sent", task, r.Checkpoint)
+	} else if err := compareFleetDir(target, want); err != nil {
+		s.problem("check %s: checkpoint %d restores other bytes than were sent: %v", task, r.Checkpoint, err)
+	}
+	s.count("checks")
 }
 
 // scanForSecret reads every file under root and reports one that holds
@@ -499,7 +494,7 @@ func TestSoakFleetTakeoversHostileHandoffSharedBytes(t *testing.T) {
 				return
 			case <-tick.C:
 				for _, task := range append(slices.Clone(fleetSoakTasks), "hostile") {
-					s.check(ctx, task, false)
+					s.check(ctx, task)
 				}
 			}
 		}
@@ -511,7 +506,7 @@ func TestSoakFleetTakeoversHostileHandoffSharedBytes(t *testing.T) {
 	fctx, fcancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer fcancel()
 	for _, task := range append(slices.Clone(fleetSoakTasks), "hostile") {
-		s.check(fctx, task, true)
+		s.check(fctx, task)
 	}
 	if out, err := ckptCtx(fctx, []string{unsafeGCGrace}, "verify", "--storage", s.storage, "--job", fleetSoakJob); err != nil {
 		s.problem("ckpt verify of the job: %v: %s", err, out)

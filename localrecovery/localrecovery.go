@@ -73,10 +73,11 @@ func Open(dir, job string) (*Store, error) {
 	if err := os.MkdirAll(root, 0o750); err != nil {
 		return nil, fmt.Errorf("local dir: %w (check --local-dir and its permissions)", err)
 	}
-	// Left by a process that stopped while removing discarded copies.
-	if err := os.RemoveAll(filepath.Join(root, trashDir)); err != nil {
-		return nil, fmt.Errorf("local dir: %w", err)
-	}
+	// Left by a process that stopped while removing discarded copies. The
+	// removal is housekeeping: another Store open on the same dir (a
+	// restore into the agent's local dir) may be discarding into it right
+	// now, and what is left is removed by a later Open.
+	os.RemoveAll(filepath.Join(root, trashDir))
 	return &Store{root: root}, nil
 }
 

@@ -191,6 +191,11 @@ func openStore(ctx context.Context, rawURL string) (storage.Store, error) {
 	}
 	s, err := storage.Open(ctx, rawURL)
 	if errors.Is(err, storage.ErrBadURL) {
+		if pluginHost != nil && len(pluginHost.Refused()) > 0 {
+			// The plugin that serves the scheme may be one of those refused
+			// (a wrong or missing pin): the command failed, the usage is fine.
+			return nil, fmt.Errorf("%w (a plugin refused above may be the one that serves it)", err)
+		}
 		return nil, usageError{err}
 	}
 	if err != nil {
