@@ -23,7 +23,7 @@ import (
 	"github.com/ckpt-io/ckpt/client"
 	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
 	_ "github.com/ckpt-io/ckpt/engines/pebble" // the pebble engine the demo checkpoints
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/workload"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/file" // the file:// backend

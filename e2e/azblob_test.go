@@ -9,7 +9,7 @@ import (
 
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 // TestCheckpointOnAzureBlobThroughThePlugin runs the agent, two

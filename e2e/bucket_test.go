@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/client"
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	"github.com/ckpt-io/ckpt/protocol"
 )
 

@@ -21,7 +21,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	"github.com/ckpt-io/ckpt/internal/failpoint"
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 // The crash matrix: a ckpt process (the agent, `ckpt gc` or `ckpt restore`)

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/kube"
+	"github.com/ckpt-io/ckpt/lab/kube"
 	"github.com/ckpt-io/ckpt/storage/file"
 	"github.com/ckpt-io/ckpt/storage/metered"
 	"github.com/ckpt-io/ckpt/telemetry"

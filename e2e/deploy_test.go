@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/kube"
+	"github.com/ckpt-io/ckpt/lab/kube"
 	corev1 "k8s.io/api/core/v1"
 )
 

@@ -9,7 +9,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 func TestCheckpointsCompleteThroughS3FaultsAndNoListedCheckpointLacksAnObject(t *testing.T) {

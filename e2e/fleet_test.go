@@ -23,14 +23,14 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
-	"github.com/ckpt-io/ckpt/internal/testservers"
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/testservers"
+	"github.com/ckpt-io/ckpt/lab/workload"
 	"github.com/ckpt-io/ckpt/protocol"
 )
 
 // The fleet: three nodes, each with its own agent, local dir and --node
 // name, run the six tasks of one job (two per node) on S3 (versitygw). Each
-// task is a real Pebble app (internal/workload), and every second the job
+// task is a real Pebble app (lab/workload), and every second the job
 // takes a job-wide checkpoint: every task checkpoints the same number N,
 // each request listing all six tasks. With root, each node is its own
 // network namespace reaching storage through its own veth pair.

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 // triggerAsGID runs `ckpt trigger` as a process of group gid (uid root), a

@@ -28,8 +28,8 @@ import (
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
 	cpebble "github.com/ckpt-io/ckpt/client/pebble"
-	"github.com/ckpt-io/ckpt/internal/kube"
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/kube"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 // The tenant app: the e2e test binary, run again as a tenant's pod

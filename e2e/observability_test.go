@@ -16,7 +16,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	"github.com/ckpt-io/ckpt/client/pebble"
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/workload"
 )
 
 // consoleSpan is the part of a span as the console exporter prints it that

@@ -14,7 +14,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/workload"
 )
 
 // localCopy is the agent's local copy of checkpoint n: the snapshot's files

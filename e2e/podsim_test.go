@@ -20,9 +20,9 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
-	"github.com/ckpt-io/ckpt/internal/kube"
-	"github.com/ckpt-io/ckpt/internal/testservers"
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/kube"
+	"github.com/ckpt-io/ckpt/lab/testservers"
+	"github.com/ckpt-io/ckpt/lab/workload"
 	corev1 "k8s.io/api/core/v1"
 )
 

@@ -23,8 +23,8 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	ckptpebble "github.com/ckpt-io/ckpt/client/pebble"
-	"github.com/ckpt-io/ckpt/internal/testservers"
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/testservers"
+	"github.com/ckpt-io/ckpt/lab/workload"
 )
 
 // The soak: a Pebble app checkpoints every second through a real agent on

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/workload"
 )
 
 // waitHeld waits until the local dir holds a complete copy of checkpoint n

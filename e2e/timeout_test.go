@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 // A storage server that accepts a request and never answers cannot hold a

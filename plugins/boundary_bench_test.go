@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	"github.com/ckpt-io/ckpt/plugins"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/s3"

@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/engines"
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/plugins"
 	"github.com/ckpt-io/ckpt/storage"

@@ -1,6 +1,6 @@
 // Command ckpt-bench is the benchmark lab of ckpt: it measures ckpt on a
 // real Pebble store against full checkpoints, rclone, restic and ldb, and
-// checks each figure against its target (see internal/bench).
+// checks each figure against its target (see lab/bench).
 //
 // It runs agents in its own process and as `ckpt agent` processes; the ckpt
 // binary is --ckpt, else built from the ckpt repository around the working
@@ -27,7 +27,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/bench"
+	"github.com/ckpt-io/ckpt/lab/bench"
 )
 
 const (

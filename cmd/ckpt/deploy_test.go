@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ckpt-io/ckpt/internal/kube"
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/kube"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	corev1 "k8s.io/api/core/v1"
 )
 

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 )
 
 // TestVersionJSONPrintsTheStampedFields: what the build stamped into

@@ -20,7 +20,7 @@ import (
 	"golang.org/x/oauth2"
 	"google.golang.org/api/option"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/faults"
 	"github.com/ckpt-io/ckpt/storage/retry"

@@ -54,7 +54,7 @@ import (
 	"github.com/ckpt-io/ckpt/agent"
 	"github.com/ckpt-io/ckpt/client"
 	_ "github.com/ckpt-io/ckpt/engines/pebble" // the engine the app names
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/workload"
 	"github.com/ckpt-io/ckpt/storage"
 	_ "github.com/ckpt-io/ckpt/storage/file" // file:// storage
 	_ "github.com/ckpt-io/ckpt/storage/gs"   // gs:// storage

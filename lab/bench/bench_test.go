@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/servers"
+	"github.com/ckpt-io/ckpt/lab/servers"
 )
 
 // TestQuickRunReportsEveryFigureAndVerifiesRestores runs the bench in

@@ -17,7 +17,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	awss3 "github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/ckpt-io/ckpt/internal/servers"
+	"github.com/ckpt-io/ckpt/lab/servers"
 	"github.com/ckpt-io/ckpt/storage"
 	s3store "github.com/ckpt-io/ckpt/storage/s3"
 )

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/ckpt-io/ckpt/internal/servers"
+	"github.com/ckpt-io/ckpt/lab/servers"
 )
 
 // modulePath is the module the ckpt repository declares in its go.mod.

@@ -26,7 +26,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/servers"
+	"github.com/ckpt-io/ckpt/lab/servers"
 )
 
 // Pinned server versions (see package servers).

@@ -15,7 +15,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	"github.com/ckpt-io/ckpt/internal/human"
-	"github.com/ckpt-io/ckpt/internal/workload"
+	"github.com/ckpt-io/ckpt/lab/workload"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 )
