@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
-export CKPT_REQUIRE_CLIENTS=1 # the clients' conformance runs may not skip
+export CKPTTEST_REQUIRE_CLIENTS=1 # the clients' conformance runs may not skip (not CKPT_: agents would warn of an unknown variable)
 go test -count=1 -timeout 15m ./...
 go test -count=1 -race -timeout 10m ./agent/ ./uploader/ ./manifests/
 # The RocksDB engine plugin links librocksdb-dev through cgo, so it and its

@@ -32,7 +32,7 @@ func clientsDir(t *testing.T) string {
 }
 
 // need skips the test under -short and when a tool is missing
-// (scripts/deps.sh installs them); with CKPT_REQUIRE_CLIENTS=1, as
+// (scripts/deps.sh installs them); with CKPTTEST_REQUIRE_CLIENTS=1, as
 // scripts/test.sh sets it, a missing tool fails the test instead.
 func need(t *testing.T, tools ...string) {
 	t.Helper()
@@ -41,7 +41,7 @@ func need(t *testing.T, tools ...string) {
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
-			if os.Getenv("CKPT_REQUIRE_CLIENTS") == "1" {
+			if os.Getenv("CKPTTEST_REQUIRE_CLIENTS") == "1" {
 				t.Fatalf("%s is not installed: run scripts/deps.sh", tool)
 			}
 			t.Skipf("%s is not installed (scripts/deps.sh installs it)", tool)
