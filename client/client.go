@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"syscall"
@@ -36,18 +37,46 @@ type Event = protocol.Event
 // (a restore field).
 type Request = protocol.Request
 
-// Client is one connection to an agent. It is safe for concurrent use;
-// requests on it are answered independently, each matched by its id.
+// Client is a connection to an agent, dialled again when it is lost. It
+// is safe for concurrent use; requests on it are answered independently,
+// each matched by its id. When the connection is lost, the calls waiting
+// on it return an error wrapping ErrConnectionLost, and the next call dials
+// again (waiting for the agent as Dial does): an agent that restarts costs
+// the requests in flight, never the Client.
 type Client struct {
-	conn net.Conn
-	wmu  sync.Mutex
+	socket   string
+	dialWait time.Duration
 
-	mu      sync.Mutex
-	next    int
-	waiters map[string]chan Event
-	err     error // set when the reader stopped
+	wmu sync.Mutex // serialises writes and dials
+
+	mu     sync.Mutex
+	next   int
+	cur    *session // the connection; a dead one is replaced at the next call
+	closed bool
+}
+
+// session is one connection and the requests waiting on it.
+type session struct {
+	conn    net.Conn
+	waiters map[string]chan Event // guarded by Client.mu
+	err     error                 // set (under Client.mu) when the reader stopped
+	// refused is the agent's refusal of the connection (an error event
+	// without an id, sent before it closes), until a call returns it.
+	refused *Error
 	done    chan struct{}
 }
+
+// ErrConnectionLost is wrapped by the error of a request whose connection
+// was lost before its answer: the agent stopped or restarted. The request
+// may or may not have taken effect; ask Status.
+var ErrConnectionLost = errors.New("connection to the ckpt agent lost")
+
+// ErrConnect is wrapped by the error of a dial that failed: the socket
+// stayed missing or refusing past the dial wait, or could not be used.
+var ErrConnect = errors.New("cannot connect to the ckpt agent")
+
+// ErrClosed is returned by calls on a closed Client.
+var ErrClosed = errors.New("ckpt client closed")
 
 // DefaultDialWait is how long Dial waits, by default, for an agent whose
 // socket does not exist yet or does not accept connections yet (an agent
@@ -59,8 +88,9 @@ type DialOption func(*dialConfig)
 
 type dialConfig struct{ wait time.Duration }
 
-// WithDialWait sets how long Dial retries a socket that is missing or
-// refuses connections (default DefaultDialWait; 0: one attempt).
+// WithDialWait sets how long Dial, and each dial again after a lost
+// connection, retries a socket that is missing or refuses connections
+// (default DefaultDialWait; 0: one attempt).
 func WithDialWait(d time.Duration) DialOption { return func(c *dialConfig) { c.wait = d } }
 
 // Dial connects to the agent listening on the Unix socket at path socket.
@@ -68,36 +98,49 @@ func WithDialWait(d time.Duration) DialOption { return func(c *dialConfig) { c.w
 // backoff (10 ms doubling to 1 s) until the agent answers, ctx is done or
 // the dial wait (WithDialWait) has passed; other errors (a permission
 // denied) return at once. It sends nothing; the error of a failed
-// connection says which socket was tried and for how long.
+// connection wraps ErrConnect and says which socket was tried and for how
+// long.
 func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, error) {
 	cfg := dialConfig{wait: DefaultDialWait}
 	for _, o := range opts {
 		o(&cfg)
 	}
+	c := &Client{socket: socket, dialWait: cfg.wait}
+	s, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.cur = s
+	return c, nil
+}
+
+// dial connects, retrying as Dial says, and starts the session's reader.
+func (c *Client) dial(ctx context.Context) (*session, error) {
+	socket := c.socket
 	start := time.Now()
-	deadline := start.Add(cfg.wait)
+	deadline := start.Add(c.dialWait)
 	backoff := 10 * time.Millisecond
 	var d net.Dialer
 	for {
 		conn, err := d.DialContext(ctx, "unix", socket)
 		if err == nil {
-			c := &Client{conn: conn, waiters: map[string]chan Event{}, done: make(chan struct{})}
-			go c.read()
-			return c, nil
+			s := &session{conn: conn, waiters: map[string]chan Event{}, done: make(chan struct{})}
+			go c.read(s)
+			return s, nil
 		}
 		waited := time.Since(start).Round(time.Millisecond)
 		if !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) || ctx.Err() != nil {
-			return nil, fmt.Errorf("connect to the ckpt agent at %s (after %v): %w (is `ckpt agent --socket %s` running?)", socket, waited, err, socket)
+			return nil, fmt.Errorf("%w at %s (after %v): %w (is `ckpt agent --socket %s` running?)", ErrConnect, socket, waited, err, socket)
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			return nil, fmt.Errorf("connect to the ckpt agent at %s: %w after %v of retries (is `ckpt agent --socket %s` running, and is the socket's directory shared with this container?)", socket, err, waited, socket)
+			return nil, fmt.Errorf("%w at %s: %w after %v of retries (is `ckpt agent --socket %s` running, and is the socket's directory shared with this container?)", ErrConnect, socket, err, waited, socket)
 		}
 		t := time.NewTimer(min(backoff, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil, fmt.Errorf("connect to the ckpt agent at %s: %w after %v of retries: %w (is `ckpt agent --socket %s` running?)", socket, err, waited, ctx.Err(), socket)
+			return nil, fmt.Errorf("%w at %s: %w after %v of retries: %w (is `ckpt agent --socket %s` running?)", ErrConnect, socket, err, waited, ctx.Err(), socket)
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
@@ -105,17 +148,24 @@ func Dial(ctx context.Context, socket string, opts ...DialOption) (*Client, erro
 }
 
 // Close closes the connection and waits for its reader to stop; calls
-// waiting for an answer return an error. Checkpoints already past synced
-// go on in the agent.
+// waiting for an answer return an error, and later calls ErrClosed.
+// Checkpoints already past synced go on in the agent.
 func (c *Client) Close() error {
-	err := c.conn.Close()
-	<-c.done
+	c.mu.Lock()
+	s := c.cur
+	c.closed, c.cur = true, nil
+	c.mu.Unlock()
+	if s == nil {
+		return nil
+	}
+	err := s.conn.Close()
+	<-s.done
 	return err
 }
 
-func (c *Client) read() {
-	defer close(c.done)
-	r := bufio.NewReaderSize(c.conn, 64<<10)
+func (c *Client) read(s *session) {
+	defer close(s.done)
+	r := bufio.NewReaderSize(s.conn, 64<<10)
 	var err error
 	for {
 		var line []byte
@@ -128,17 +178,27 @@ func (c *Client) read() {
 			continue
 		}
 		c.mu.Lock()
-		ch := c.waiters[idKey(ev.ID)]
+		if ev.ID == nil && ev.Event == "error" && ev.Error != nil && s.refused == nil {
+			s.refused = ev.Error // the agent refuses this connection
+		}
+		ch := s.waiters[idKey(ev.ID)]
 		c.mu.Unlock()
 		if ch != nil {
 			ch <- ev
 		}
 	}
+	s.conn.Close()
 	c.mu.Lock()
-	c.err = fmt.Errorf("connection to the agent lost: %w", err)
-	for id, ch := range c.waiters {
+	s.err = fmt.Errorf("%w (it stopped or restarted; ask Status for the outcome): %w", ErrConnectionLost, err)
+	if s.refused != nil {
+		s.err = s.refused
+		if len(s.waiters) > 0 {
+			s.refused = nil // returned to the calls waiting: the next call dials again
+		}
+	}
+	for id, ch := range s.waiters {
 		close(ch)
-		delete(c.waiters, id)
+		delete(s.waiters, id)
 	}
 	c.mu.Unlock()
 }
@@ -155,46 +215,97 @@ func idKey(id any) string {
 	return ""
 }
 
-// send registers a waiter and writes the request with a fresh id.
-func (c *Client) send(req protocol.Request) (string, chan Event, error) {
+// session returns the live connection, dialling again when the last one
+// was lost. A refusal the agent sent on the lost one is returned once.
+// Called with wmu held.
+func (c *Client) session(ctx context.Context) (*session, error) {
 	c.mu.Lock()
-	if c.err != nil {
+	s, closed := c.cur, c.closed
+	var refused *Error
+	if s != nil && s.err != nil && s.refused != nil {
+		refused, s.refused = s.refused, nil
+	}
+	c.mu.Unlock()
+	switch {
+	case closed:
+		return nil, ErrClosed
+	case refused != nil:
+		return nil, refused
+	case s != nil && s.err == nil:
+		return s, nil
+	}
+	if s != nil {
+		<-s.done
+	}
+	s, err := c.dial(ctx)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.closed {
 		c.mu.Unlock()
-		return "", nil, c.err
+		s.conn.Close()
+		<-s.done
+		return nil, ErrClosed
+	}
+	c.cur = s
+	c.mu.Unlock()
+	return s, nil
+}
+
+// send registers a waiter and writes the request with a fresh id.
+func (c *Client) send(ctx context.Context, req protocol.Request) (*session, string, chan Event, error) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	s, err := c.session(ctx)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	c.mu.Lock()
+	if s.err != nil { // lost since session returned it
+		err := s.err
+		c.mu.Unlock()
+		return nil, "", nil, err
 	}
 	c.next++
 	id := "c" + strconv.Itoa(c.next)
 	ch := make(chan Event, 4)
-	c.waiters[id] = ch
+	s.waiters[id] = ch
 	c.mu.Unlock()
 	req.ID = id
 	b, err := json.Marshal(req)
 	if err != nil {
-		c.forget(id)
-		return "", nil, err
+		c.forget(s, id)
+		return nil, "", nil, err
 	}
-	c.wmu.Lock()
-	_, err = c.conn.Write(append(b, '\n'))
-	c.wmu.Unlock()
-	if err != nil {
-		c.forget(id)
-		return "", nil, fmt.Errorf("send to the agent: %w", err)
+	if _, err := s.conn.Write(append(b, '\n')); err != nil {
+		c.forget(s, id)
+		s.conn.Close() // the reader stops, and the next call dials again
+		<-s.done
+		c.mu.Lock()
+		refused := s.refused
+		s.refused = nil
+		c.mu.Unlock()
+		if refused != nil { // the agent said why it closed
+			return nil, "", nil, refused
+		}
+		return nil, "", nil, fmt.Errorf("send to the ckpt agent at %s: %w: %w", c.socket, ErrConnectionLost, err)
 	}
-	return id, ch, nil
+	return s, id, ch, nil
 }
 
-func (c *Client) forget(id string) {
+func (c *Client) forget(s *session, id string) {
 	c.mu.Lock()
-	delete(c.waiters, id)
+	delete(s.waiters, id)
 	c.mu.Unlock()
 }
 
-func (c *Client) wait(ctx context.Context, ch chan Event) (Event, error) {
+func (c *Client) wait(ctx context.Context, s *session, ch chan Event) (Event, error) {
 	select {
 	case ev, ok := <-ch:
 		if !ok {
 			c.mu.Lock()
-			err := c.err
+			err := s.err
 			c.mu.Unlock()
 			return Event{}, err
 		}
@@ -206,12 +317,12 @@ func (c *Client) wait(ctx context.Context, ch chan Event) (Event, error) {
 
 // call sends a request and returns its one reply, or the agent's error.
 func (c *Client) call(ctx context.Context, req protocol.Request) (Event, error) {
-	id, ch, err := c.send(req)
+	s, id, ch, err := c.send(ctx, req)
 	if err != nil {
 		return Event{}, err
 	}
-	defer c.forget(id)
-	ev, err := c.wait(ctx, ch)
+	defer c.forget(s, id)
+	ev, err := c.wait(ctx, s, ch)
 	if err != nil {
 		return ev, err
 	}
@@ -243,6 +354,26 @@ func (c *Client) Abort(ctx context.Context, task string, n uint64) (Event, error
 	return c.call(ctx, protocol.Request{Op: protocol.OpAbort, Task: task, Checkpoint: n})
 }
 
+// Restore asks the agent to restore r.Task into r.Target (an absolute
+// path, missing or empty): checkpoint r.Checkpoint (0: the newest complete
+// one), or the newest job-complete one with r.JobConsistent; r.Job names
+// the job to a node agent. It returns the restored event (Restored holds
+// what was restored); a failure is returned as an *Error.
+func (c *Client) Restore(ctx context.Context, r Request) (Event, error) {
+	if !filepath.IsAbs(r.Target) {
+		return Event{}, fmt.Errorf("restore target must be an absolute path, got %q", r.Target)
+	}
+	req := protocol.Request{Op: protocol.OpRestore, Task: r.Task, Target: r.Target, Checkpoint: r.Checkpoint,
+		JobConsistent: r.JobConsistent, Job: r.Job}
+	return c.call(ctx, req)
+}
+
+// Follow asks the agent to keep a warm standby copy of task, and returns
+// the following event.
+func (c *Client) Follow(ctx context.Context, task string) (Event, error) {
+	return c.call(ctx, protocol.Request{Op: protocol.OpFollow, Task: task})
+}
+
 // ErrAborted is returned by Pending.Wait for a checkpoint that was aborted.
 var ErrAborted = errors.New("checkpoint aborted")
 
@@ -252,6 +383,7 @@ type Pending struct {
 	// Synced is the agent's synced event; SyncMS is the sync phase's length.
 	Synced Event
 	c      *Client
+	s      *session
 	id     string
 	ch     chan Event
 }
@@ -268,33 +400,33 @@ func (c *Client) Checkpoint(ctx context.Context, task string, n uint64, dir stri
 // synced; see Checkpoint. With r.Handoff the agent takes r.Dir over.
 func (c *Client) Send(ctx context.Context, r Request) (*Pending, error) {
 	r.Op, r.Target = protocol.OpCheckpoint, ""
-	id, ch, err := c.send(r)
+	s, id, ch, err := c.send(ctx, r)
 	if err != nil {
 		return nil, err
 	}
-	ev, err := c.wait(ctx, ch)
+	ev, err := c.wait(ctx, s, ch)
 	if err != nil {
-		c.forget(id)
+		c.forget(s, id)
 		return nil, err
 	}
 	if ev.Event != "synced" {
-		c.forget(id)
+		c.forget(s, id)
 		if ev.Error != nil {
 			return nil, ev.Error
 		}
 		return nil, fmt.Errorf("agent answered %q before synced", ev.Event)
 	}
-	return &Pending{Synced: ev, c: c, id: id, ch: ch}, nil
+	return &Pending{Synced: ev, c: c, s: s, id: id, ch: ch}, nil
 }
 
 // Wait returns the completed event, or the failure as an *Error, or
 // ErrAborted. Cancelling ctx stops waiting, not the checkpoint.
 func (p *Pending) Wait(ctx context.Context) (Event, error) {
-	ev, err := p.c.wait(ctx, p.ch)
+	ev, err := p.c.wait(ctx, p.s, p.ch)
 	if err != nil {
 		return ev, err
 	}
-	p.c.forget(p.id)
+	p.c.forget(p.s, p.id)
 	switch {
 	case ev.Event == "completed":
 		return ev, nil

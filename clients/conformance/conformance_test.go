@@ -104,6 +104,21 @@ func TestTheJavaClientConforms(t *testing.T) {
 	}
 }
 
+// TestTheGoClientConforms runs the suite against package client, through
+// its driver (client/internal/driver).
+func TestTheGoClientConforms(t *testing.T) {
+	need(t, "go")
+	bin := filepath.Join(t.TempDir(), "driver")
+	build := exec.Command("go", "build", "-o", bin, "./client/internal/driver")
+	build.Dir = filepath.Dir(clientsDir(t))
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build the Go driver: %v\n%s", err, out)
+	}
+	if out, failed := suite(t, "", bin); failed > 0 {
+		t.Errorf("the Go client fails the suite:\n%s", out)
+	}
+}
+
 // TestTheSuiteFailsABrokenClient: the Python client broken on purpose, one
 // ignoring ids and one taking synced for the end of a checkpoint, fails
 // the suite, in the scenarios that say so.
