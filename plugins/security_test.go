@@ -105,6 +105,44 @@ func TestSwapBetweenHashAndExec(t *testing.T) {
 	}
 }
 
+// TestAnInPlaceRewriteBetweenHashAndExecRunsThePinnedBytes: the pinned
+// binary's own file is rewritten in place (same inode: by root, or by
+// ckpt's own user) after the host hashed it and before it starts it; the
+// bytes that run are the ones hashed (the host runs a sealed copy).
+func TestAnInPlaceRewriteBetweenHashAndExecRunsThePinnedBytes(t *testing.T) {
+	dir := install(t, "faulty")
+	path := filepath.Join(dir, "ckpt-plugin-faulty")
+	other, err := os.ReadFile(filepath.Join(install(t, "memstore"), "ckpt-plugin-memstore"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pin := sha256Of(t, path)
+	rewrites := 0
+	defer plugins.SetBeforeExec(func(p string) {
+		if p != path || rewrites > 0 {
+			return
+		}
+		rewrites++
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_TRUNC, 0)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if _, err := f.Write(other); err != nil {
+			t.Error(err)
+		}
+		f.Close()
+	})()
+	h := discover(t, plugins.Options{Dir: dir, Log: io.Discard, Checksums: plugins.Pins{"faulty": pin}})
+	if rewrites != 1 {
+		t.Fatalf("the hook between check and start ran %d times, want 1", rewrites)
+	}
+	got := h.Plugins()
+	if len(got) != 1 || strings.Join(got[0].Schemes, ",") != "faulty" {
+		t.Fatalf("after the rewrite the plugin serves %+v (refused %v), want the pinned build serving faulty://", got, h.Refused())
+	}
+}
+
 // TestRequirePins: with pins required, an unpinned plugin is refused
 // before it runs, saying how to pin it; the pinned one is used.
 func TestRequirePins(t *testing.T) {
