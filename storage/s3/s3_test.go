@@ -650,3 +650,16 @@ func TestOpenSurvivesATransientAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorClasses: see storagetest.Errors.
+func TestErrorClasses(t *testing.T) {
+	srv := testservers.S3(t)
+	srv.CreateBucket(t, "classes")
+	relay := storagetest.NewRelay(t, srv.Endpoint)
+	var n atomic.Int64
+	storagetest.Errors(t, relay, func(t *testing.T) storage.Store {
+		o := options(srv, "classes", fmt.Sprintf("run/%d", n.Add(1)))
+		o.Endpoint = relay.URL
+		return open(t, o)
+	})
+}
