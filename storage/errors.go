@@ -81,12 +81,12 @@ func IsTransient(err error) bool {
 var transientCodes = map[string]bool{
 	"SlowDown": true, "Throttling": true, "ThrottlingException": true, "TooManyRequests": true,
 	"RequestLimitExceeded": true, "RequestTimeout": true, "RequestTimeoutException": true,
-	"InternalError": true, "ServiceUnavailable": true,
+	"InternalError": true, "ServiceUnavailable": true, "ServerBusy": true, "OperationTimedOut": true,
 }
 
 var throttleCodes = map[string]bool{
 	"SlowDown": true, "Throttling": true, "ThrottlingException": true, "TooManyRequests": true,
-	"RequestLimitExceeded": true,
+	"RequestLimitExceeded": true, "ServerBusy": true,
 }
 
 // IsThrottled reports whether err asks the client to slow down: marked
