@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/ckpt-io/ckpt/storage"
@@ -183,4 +185,48 @@ func Errors(t *testing.T, relay *Relay, open func(t *testing.T) storage.Store) {
 			t.Fatalf("create with the server's port closed: %v (transient %v); want a transient error", err, storage.IsTransient(err))
 		}
 	})
+}
+
+// ClassErrors are errors of each class of the storage.Store contract that
+// carry no HTTP status: a boundary that passes errors on (the plugin
+// boundary) must keep their class by itself. A store under test fails
+// Stat("class/<name>") with ClassErrors[name]; see Crossed.
+var ClassErrors = map[string]error{
+	"transient":       fmt.Errorf("%w: busy", storage.ErrTransient),
+	"throttled":       fmt.Errorf("%w: slow down", storage.ErrThrottled),
+	"throttled-400":   fmt.Errorf("%w: %w", storage.ErrThrottled, &storage.HTTPError{Status: 400, Err: errors.New("bad request")}),
+	"denied":          fmt.Errorf("%w: no role", storage.ErrPermissionDenied),
+	"eacces":          &fs.PathError{Op: "open", Path: "/var/ckpt/x", Err: syscall.EACCES},
+	"reset":           &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET},
+	"permanent":       errors.New("body has 3 bytes, want 10"),
+	"forbidden":       &storage.HTTPError{Status: 403, Code: "AuthorizationFailure", Err: errors.New("forbidden")},
+	"server-busy":     &storage.HTTPError{Status: 503, Code: "ServerBusy", Err: errors.New("busy")},
+	"denied-but-busy": fmt.Errorf("%w: %w", storage.ErrPermissionDenied, storage.ErrTransient),
+	"not-found":       fmt.Errorf("%w: %w", storage.ErrNotFound, &storage.HTTPError{Status: 404, Err: errors.New("no such key")}),
+}
+
+// Crossed checks that s, a store whose Stat("class/<name>") fails with
+// ClassErrors[name] on the far side of a boundary, returns errors of the
+// same classes (transient, throttled, permission denied, not found).
+func Crossed(t *testing.T, s storage.Store) {
+	for name, want := range ClassErrors {
+		_, err := s.Stat(ctx(t), "class/"+name)
+		if err == nil {
+			t.Errorf("stat class/%s succeeded", name)
+			continue
+		}
+		for _, c := range []struct {
+			class string
+			is    func(error) bool
+		}{
+			{"transient", storage.IsTransient},
+			{"throttled", storage.IsThrottled},
+			{"permission denied", storage.IsPermissionDenied},
+			{"not found", func(err error) bool { return errors.Is(err, storage.ErrNotFound) }},
+		} {
+			if got, w := c.is(err), c.is(want); got != w {
+				t.Errorf("%s: %v: %s is %v, on the other side %v", name, err, c.class, got, w)
+			}
+		}
+	}
 }
