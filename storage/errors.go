@@ -182,3 +182,37 @@ func RootCause(err error) string {
 		err = next
 	}
 }
+
+// DeniedError is a refusal of the caller's permissions that says what the
+// caller lacks, so that an operator fixes the role without guessing.
+// IsPermissionDenied reports it; its chain keeps the SDK's error.
+type DeniedError struct {
+	Msg string // "access denied: the agent's role lacks s3:PutObject on ..."
+	Err error
+}
+
+func (e *DeniedError) Error() string { return e.Msg + ": " + e.Err.Error() }
+func (e *DeniedError) Unwrap() error { return e.Err }
+
+// PermissionDenied marks the error as a refusal of the caller's
+// permissions (the agent shows the task blocked).
+func (e *DeniedError) PermissionDenied() bool { return true }
+
+// Needs names the permission (IAM action, role permission) each operation
+// of a backend needs: the list docs/iam.md gives.
+type Needs struct {
+	Ops  map[string]string // by op: "put", "get", "list", ...
+	Copy string            // for "copy from ..." ops
+	What string            // what any other op needs: What + " of " + op
+}
+
+// Of returns what op needs.
+func (n Needs) Of(op string) string {
+	if p, ok := n.Ops[op]; ok {
+		return p
+	}
+	if strings.HasPrefix(op, "copy from") {
+		return n.Copy
+	}
+	return n.What + " of " + op
+}

@@ -679,8 +679,8 @@ func (s *Store) wrap(op, key string, err error) error {
 	if code := errorCode(err); code == "NoSuchBucket" {
 		return fmt.Errorf("%s %s: s3 bucket %q does not exist at endpoint %s: %w", op, key, s.bucket, s.endpoint, err)
 	}
-	if a := deniedAction(op, err); a != "" {
-		return fmt.Errorf("%s %s: %w", op, key, &deniedError{action: a, err: err})
+	if d := denied(op, err); d != nil {
+		return fmt.Errorf("%s %s: %w", op, key, d)
 	}
 	return fmt.Errorf("%s %s: %w", op, key, err)
 }

@@ -160,7 +160,7 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		if cred == nil {
 			cred, err = azidentity.NewDefaultAzureCredential(nil)
 			if err != nil {
-				return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q at %s: no usable Azure credentials (set AZURE_STORAGE_CONNECTION_STRING, or sign in for the identity chain: AZURE_CLIENT_ID/AZURE_TENANT_ID/..., managed identity or `az login`): %v", o.Container, redact(o.Endpoint), rootCause(err)), Err: err}
+				return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q at %s: no usable Azure credentials (set AZURE_STORAGE_CONNECTION_STRING, or sign in for the identity chain: AZURE_CLIENT_ID/AZURE_TENANT_ID/..., managed identity or `az login`): %v", o.Container, redact(o.Endpoint), storage.RootCause(err)), Err: err}
 			}
 		}
 		curl := strings.TrimSuffix(o.Endpoint, "/") + "/" + url.PathEscape(o.Container)
