@@ -28,8 +28,8 @@ var actions = storage.Needs{
 // denied returns err as a refusal that names the IAM action op needs, or
 // nil when err is no refusal.
 func denied(op string, err error) error {
-	code := errorCode(err)
-	if code != "AccessDenied" && code != "AllAccessDisabled" && statusCode(err) != http.StatusForbidden {
+	code := storage.ErrorCode(err)
+	if code != "AccessDenied" && code != "AllAccessDisabled" && storage.HTTPStatus(err) != http.StatusForbidden {
 		return nil
 	}
 	msg := fmt.Sprintf("access denied: the agent's role lacks %s on this bucket and prefix (see docs/iam.md)", actions.Of(op))

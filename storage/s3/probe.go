@@ -34,12 +34,12 @@ func (s *Store) probe(ctx context.Context) error {
 			return err
 		},
 		Explain: func(pctx context.Context, err error, timedOut bool) (string, error) {
-			if c := statusCode(err); c >= 400 && c < 500 {
+			if c := storage.HTTPStatus(err); c >= 400 && c < 500 {
 				// A HEAD answer has no body, hence no error code: some servers
 				// answer 404 for an unknown access key. Ask once more with a GET
 				// (same permission) to learn the code.
 				_, lerr := s.client.ListObjectsV2(pctx, &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), MaxKeys: aws.Int32(1)}, once)
-				if lerr != nil && errorCode(lerr) != "" {
+				if lerr != nil && storage.ErrorCode(lerr) != "" {
 					err = lerr
 				}
 			}
@@ -61,15 +61,15 @@ func (s *Store) explain(err error, timedOut bool) string {
 	case strings.Contains(err.Error(), "get credentials") || strings.Contains(err.Error(), "retrieve credentials"):
 		return fmt.Sprintf("no usable AWS credentials for s3 bucket %q at endpoint %s (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a web identity token)", b, ep)
 	}
-	switch errorCode(err) {
+	switch storage.ErrorCode(err) {
 	case "NoSuchBucket":
 		return fmt.Sprintf("s3 bucket %q does not exist at endpoint %s (check the bucket name, AWS_ENDPOINT_URL and AWS_REGION)", b, ep)
 	case "InvalidAccessKeyId", "XAdminUserNotFound", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken", "TokenRefreshRequired":
-		return fmt.Sprintf("s3 bucket %q at endpoint %s: access denied (%s; check the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the bucket policy)", b, ep, errorCode(err))
+		return fmt.Sprintf("s3 bucket %q at endpoint %s: access denied (%s; check the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the bucket policy)", b, ep, storage.ErrorCode(err))
 	case "PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException":
-		return fmt.Sprintf("s3 bucket %q at endpoint %s is in another region (%s; set AWS_REGION or region= to the bucket's region)", b, ep, errorCode(err))
+		return fmt.Sprintf("s3 bucket %q at endpoint %s is in another region (%s; set AWS_REGION or region= to the bucket's region)", b, ep, storage.ErrorCode(err))
 	}
-	switch code := statusCode(err); code {
+	switch code := storage.HTTPStatus(err); code {
 	case http.StatusNotFound:
 		return fmt.Sprintf("s3 bucket %q does not exist at endpoint %s (check the bucket name, AWS_ENDPOINT_URL and AWS_REGION)", b, ep)
 	case http.StatusForbidden, http.StatusUnauthorized:

@@ -44,9 +44,25 @@ type Relay struct {
 
 	ln     net.Listener
 	srv    *http.Server
-	fault  atomic.Int64
 	failed atomic.Int64
 	once   sync.Once
+
+	mu    sync.Mutex
+	fault Fault
+	left  int // requests still to fail; -1: until told otherwise
+}
+
+// next returns what to do with a request.
+func (r *Relay) next() Fault {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	f := r.fault
+	if r.left > 0 {
+		if r.left--; r.left == 0 {
+			r.fault = Pass
+		}
+	}
+	return f
 }
 
 // NewRelay starts a relay to the server at target (http://host:port); it
@@ -64,7 +80,7 @@ func NewRelay(t testing.TB, target string) *Relay {
 	r := &Relay{URL: "http://" + ln.Addr().String(), ln: ln}
 	rp := httputil.NewSingleHostReverseProxy(u)
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		f := Fault(r.fault.Load())
+		f := r.next()
 		if f == Pass {
 			rp.ServeHTTP(w, req)
 			return
@@ -92,7 +108,18 @@ func NewRelay(t testing.TB, target string) *Relay {
 }
 
 // Set makes the relay treat the following requests so.
-func (r *Relay) Set(f Fault) { r.fault.Store(int64(f)) }
+func (r *Relay) Set(f Fault) { r.FailNext(f, -1) }
+
+// FailNext makes the relay treat the next n requests so, and pass the
+// following ones (n < 0: all following ones).
+func (r *Relay) FailNext(f Fault, n int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.fault, r.left = f, n
+	if n == 0 {
+		r.fault = Pass
+	}
+}
 
 // Failed returns how many requests the relay failed.
 func (r *Relay) Failed() int64 { return r.failed.Load() }
