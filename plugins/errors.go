@@ -14,7 +14,9 @@ import (
 
 // Error is a failed call to a plugin. It names the plugin, and keeps what
 // callers (the retry decorator among them) test for: errors.Is with
-// storage.ErrNotFound, storage.ErrExists and the context's errors, and
+// storage.ErrNotFound, storage.ErrExists and the context's errors, the
+// classes of storage.Store (storage.IsTransient, IsThrottled,
+// IsPermissionDenied report on the host what they did in the plugin), and
 // HTTPStatusCode, ErrorCode, Temporary and Throttled.
 type Error struct {
 	Plugin string // ckpt-plugin-<name>
@@ -27,6 +29,7 @@ type Error struct {
 	code       string
 	transient  bool
 	throttled  bool
+	denied     bool
 }
 
 func (e *Error) Error() string {
@@ -37,6 +40,26 @@ func (e *Error) Error() string {
 }
 
 func (e *Error) Unwrap() error { return e.sentinel }
+
+// Is reports the classes the plugin saw as the marks of storage
+// (storage.ErrTransient, ErrThrottled, ErrPermissionDenied), so that they
+// decide on the host before the HTTP status does, as they did in the
+// plugin.
+func (e *Error) Is(target error) bool {
+	switch target {
+	case storage.ErrTransient:
+		return e.transient || e.Crashed
+	case storage.ErrThrottled:
+		return e.throttled
+	case storage.ErrPermissionDenied:
+		return e.denied
+	}
+	return false
+}
+
+// PermissionDenied is true when the plugin's backend refused the
+// credentials or permissions.
+func (e *Error) PermissionDenied() bool { return e.denied }
 
 // HTTPStatusCode is the HTTP status the plugin's backend saw (0: none).
 func (e *Error) HTTPStatusCode() int { return e.httpStatus }
@@ -87,6 +110,8 @@ func (p *Plugin) fail(ctx context.Context, s *session, what string, err error) e
 		e.sentinel = context.Canceled
 	case codes.DeadlineExceeded:
 		e.sentinel = context.DeadlineExceeded
+	case codes.PermissionDenied:
+		e.denied = true
 	}
 	return e
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/url"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -150,4 +152,53 @@ func RetryProbe(ctx context.Context, do func(context.Context) error, transient f
 		case <-time.After(delay):
 		}
 	}
+}
+
+// Probe is a backend's start-up check of its bucket: one request,
+// asked again by RetryProbe while Transient says so, within Timeout. A
+// failure becomes an *OpenError whose message Explain writes for a person.
+type Probe struct {
+	// Name names the bucket in errors: `s3 bucket "b"`.
+	Name    string
+	Timeout time.Duration
+	// Check sends the request, without retries of the SDK's own.
+	Check func(ctx context.Context) error
+	// Transient reports an answer worth asking again; nil means
+	// ProbeTransient.
+	Transient func(error) bool
+	// Explain returns the message of a failure (timedOut: the probe ran
+	// out of Timeout) and the error the OpenError unwraps to, usually err.
+	// ctx is the probe's: one more request may refine the answer.
+	Explain func(ctx context.Context, err error, timedOut bool) (string, error)
+}
+
+// Run probes; nil means the bucket answered. A ctx that ends first
+// returns ctx's error, named.
+func (p Probe) Run(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, p.Timeout)
+	defer cancel()
+	transient := p.Transient
+	if transient == nil {
+		transient = ProbeTransient
+	}
+	err := RetryProbe(pctx, p.Check, transient)
+	if err == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%s: %w", p.Name, ctx.Err())
+	}
+	msg, cause := p.Explain(pctx, err, pctx.Err() != nil)
+	return &OpenError{Msg: msg, Err: cause}
+}
+
+// ProbeTransient reports a start-up answer worth asking again: a server
+// error or throttling (HTTP 5xx, 429; the error must say its status, see
+// HTTPError), or a connection lost mid-request. A refused connection is
+// not: nothing listens there, and an agent should say so at once.
+func ProbeTransient(err error) bool {
+	if c := HTTPStatus(err); c >= 500 || c == 429 {
+		return true
+	}
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }

@@ -55,6 +55,27 @@ type ObjectInfo struct {
 //
 // All methods honour ctx cancellation. Errors are wrapped with the key and
 // never contain credentials.
+//
+// Errors are classified by what the caller should do (storagetest.Errors
+// checks each backend against a relay that fails requests; errors.go has
+// the functions). A backend returns:
+//
+//   - a missing key: an error wrapping ErrNotFound (Get, Stat), never
+//     transient; a missing bucket or container is not ErrNotFound;
+//   - a refused conditional create (key exists, precondition failed):
+//     an error wrapping ErrExists, never transient;
+//   - a failure the same call may survive later (5xx, 408, a refused,
+//     reset or timed-out connection): one IsTransient reports, by its
+//     chain (HTTPStatusCode, ErrorCode, Temporary, net errors) or marked
+//     with ErrTransient; the retry decorator retries exactly these;
+//   - a request to slow down (429, SlowDown, ServerBusy): one IsThrottled
+//     (and so IsTransient) reports, or marked with ErrThrottled;
+//   - a refusal of the credentials or permissions (401, 403, EACCES): one
+//     IsPermissionDenied reports, naming what to grant; never transient;
+//   - a cancelled or expired ctx: an error wrapping ctx.Err().
+//
+// An SDK error that carries its status only in a field is wrapped in
+// HTTPError. The classes survive the plugin boundary.
 type Store interface {
 	Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error
 	Create(ctx context.Context, key string, body io.ReadSeeker, size int64) error

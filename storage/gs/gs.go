@@ -371,8 +371,8 @@ func (s *Store) wrap(op, key string, err error) error {
 	}
 	var ge *googleapi.Error
 	if errors.As(err, &ge) {
-		if p := deniedPermission(op, ge.Code); p != "" {
-			return fmt.Errorf("%s %s: %w", op, key, &StatusError{Code: ge.Code, Err: &deniedError{permission: p, err: err}})
+		if d := denied(op, ge.Code, err); d != nil {
+			return fmt.Errorf("%s %s: %w", op, key, &StatusError{Code: ge.Code, Err: d})
 		}
 		return fmt.Errorf("%s %s: %w", op, key, &StatusError{Code: ge.Code, Err: err})
 	}

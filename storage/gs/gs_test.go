@@ -282,3 +282,14 @@ func BenchmarkPutGet(b *testing.B) {
 	defer s.Close()
 	storagetest.BenchmarkPutGet(b, s, 64<<20)
 }
+
+// TestErrorClasses: see storagetest.Errors.
+func TestErrorClasses(t *testing.T) {
+	srv := emulator(t, "classes")
+	relay := storagetest.NewRelay(t, srv.Endpoint)
+	t.Setenv("STORAGE_EMULATOR_HOST", strings.TrimPrefix(relay.URL, "http://"))
+	var n atomic.Int64
+	storagetest.Errors(t, relay, func(t *testing.T) storage.Store {
+		return open(t, Options{Bucket: "classes", Prefix: fmt.Sprintf("run/%d", n.Add(1))})
+	})
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -26,19 +25,21 @@ type OpenError = storage.OpenError
 // the probe timeout, so one transient fault does not stop an agent from
 // starting.
 func (s *Store) probe(ctx context.Context) error {
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	err := storage.RetryProbe(pctx, func(ctx context.Context) error {
-		_, err := s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(ctx)
-		return err
-	}, probeTransient)
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("gs bucket %q: %w", s.name, ctx.Err())
-	}
-	return &OpenError{Msg: s.explain(err, pctx.Err() != nil), Err: err}
+	return storage.Probe{
+		Name:    fmt.Sprintf("gs bucket %q", s.name),
+		Timeout: probeTimeout,
+		Check: func(ctx context.Context) error {
+			_, err := s.bucket.Retryer(gcs.WithPolicy(gcs.RetryNever)).Attrs(ctx)
+			var ge *googleapi.Error
+			if errors.As(err, &ge) {
+				return &StatusError{Code: ge.Code, Err: err}
+			}
+			return err
+		},
+		Explain: func(_ context.Context, err error, timedOut bool) (string, error) {
+			return s.explain(err, timedOut), err
+		},
+	}.Run(ctx)
 }
 
 func (s *Store) explain(err error, timedOut bool) string {
@@ -61,25 +62,5 @@ func (s *Store) explain(err error, timedOut bool) string {
 	case strings.Contains(err.Error(), "credentials"):
 		return fmt.Sprintf("gs bucket %q at endpoint %s: no usable Google credentials (set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`)", b, ep)
 	}
-	return fmt.Sprintf("gs endpoint %s for bucket %q: cannot connect: %v (check the network and STORAGE_EMULATOR_HOST)", ep, b, rootCause(err))
-}
-
-// rootCause returns the innermost error's text, on one line.
-func rootCause(err error) string {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			return strings.ReplaceAll(err.Error(), "\n", " ")
-		}
-		err = next
-	}
-}
-
-// probeTransient reports an answer worth asking again at start-up.
-func probeTransient(err error) bool {
-	var ge *googleapi.Error
-	if errors.As(err, &ge) && (ge.Code >= 500 || ge.Code == http.StatusTooManyRequests) {
-		return true
-	}
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF)
+	return fmt.Sprintf("gs endpoint %s for bucket %q: cannot connect: %v (check the network and STORAGE_EMULATOR_HOST)", ep, b, storage.RootCause(err))
 }

@@ -1,12 +1,13 @@
 // Package retry is a storage.Store decorator that retries transient
 // failures with capped exponential backoff and full jitter.
 //
-// What is retried is decided by Transient: network errors, timeouts, HTTP
-// 408, 429 and 5xx responses, and errors that say so themselves
-// (Temporary() bool). Never retried: storage.ErrNotFound,
-// storage.ErrExists, context cancellation or expiry, other 4xx responses,
-// invalid keys and errors returned by a List callback. A throttling answer
-// (HTTP 429, S3 SlowDown, see Throttled) multiplies the next backoff by
+// What is retried is decided by the classification of the storage.Store
+// contract (storage.IsTransient): network errors, timeouts, HTTP 408, 429
+// and 5xx responses, and errors that say so themselves (storage.ErrTransient,
+// Temporary() bool). Never retried: storage.ErrNotFound, storage.ErrExists,
+// context cancellation or expiry, other 4xx responses, invalid keys and
+// errors returned by a List callback. A throttling answer (HTTP 429, S3
+// SlowDown, see storage.IsThrottled) multiplies the next backoff by
 // ThrottleFactor, so a store that asks us to slow down gets fewer requests.
 //
 // Per method:
@@ -45,9 +46,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/ckpt-io/ckpt/storage"
@@ -422,80 +421,19 @@ func (s *Store) Delete(ctx context.Context, keys ...string) error {
 	})
 }
 
-// Transient reports whether err is worth retrying. In order:
-//
-//   - nil, context.Canceled, context.DeadlineExceeded, storage.ErrNotFound
-//     and storage.ErrExists are not transient;
-//   - an error in the chain with HTTPStatusCode() int (the AWS SDK's
-//     response errors; backends wrap others in such a type) decides by
-//     status: 408, 429 and 5xx are transient, everything else is not;
-//   - an error with ErrorCode() string naming a throttling or server-side
-//     condition (SlowDown, RequestTimeout, InternalError, ...) is transient;
-//   - an error with Temporary() bool or Timeout() bool returning true is
-//     transient;
-//   - connection refused, reset or aborted, broken pipes, unexpected EOF
-//     and other *net.OpError values are transient.
-//
-// Backends influence the outcome by wrapping their errors in a type with
-// HTTPStatusCode or Temporary.
+// Transient reports whether err is worth retrying: storage.IsTransient,
+// except for errors returned by a List callback, which are never retried.
+// Backends influence the outcome as the storage.Store contract says: by
+// marking errors with storage.ErrTransient or storage.ErrThrottled, or by
+// wrapping them in a type with HTTPStatusCode or Temporary.
 func Transient(err error) bool {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, storage.ErrNotFound) || errors.Is(err, storage.ErrExists) {
-		return false
-	}
 	var fe *fnError
 	if errors.As(err, &fe) {
 		return false
 	}
-	var st interface{ HTTPStatusCode() int }
-	if errors.As(err, &st) && st.HTTPStatusCode() != 0 {
-		c := st.HTTPStatusCode()
-		return c == 408 || c == 429 || c >= 500
-	}
-	var ec interface{ ErrorCode() string }
-	if errors.As(err, &ec) && transientCodes[ec.ErrorCode()] {
-		return true
-	}
-	var tmp interface{ Temporary() bool }
-	if errors.As(err, &tmp) && tmp.Temporary() {
-		return true
-	}
-	var to interface{ Timeout() bool }
-	if errors.As(err, &to) && to.Timeout() {
-		return true
-	}
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
-		errors.Is(err, syscall.ECONNABORTED) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) {
-		return true
-	}
-	var op *net.OpError
-	return errors.As(err, &op)
+	return storage.IsTransient(err)
 }
 
-var transientCodes = map[string]bool{
-	"SlowDown": true, "Throttling": true, "ThrottlingException": true, "TooManyRequests": true,
-	"RequestLimitExceeded": true, "RequestTimeout": true, "RequestTimeoutException": true,
-	"InternalError": true, "ServiceUnavailable": true,
-}
-
-var throttleCodes = map[string]bool{
-	"SlowDown": true, "Throttling": true, "ThrottlingException": true, "TooManyRequests": true,
-	"RequestLimitExceeded": true,
-}
-
-// Throttled reports whether err asks the client to slow down: HTTP 429, an
-// error code such as SlowDown, or an error with Throttled() bool returning
-// true. Throttled errors are also Transient.
-func Throttled(err error) bool {
-	var th interface{ Throttled() bool }
-	if errors.As(err, &th) && th.Throttled() {
-		return true
-	}
-	var ec interface{ ErrorCode() string }
-	if errors.As(err, &ec) && throttleCodes[ec.ErrorCode()] {
-		return true
-	}
-	var st interface{ HTTPStatusCode() int }
-	return errors.As(err, &st) && st.HTTPStatusCode() == 429
-}
+// Throttled reports whether err asks the client to slow down
+// (storage.IsThrottled). Throttled errors are also Transient.
+func Throttled(err error) bool { return storage.IsThrottled(err) }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -27,28 +26,26 @@ type OpenError = storage.OpenError
 // asked again a few times within the probe timeout, so one transient fault
 // does not stop an agent from starting.
 func (s *Store) probe(ctx context.Context) error {
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	err := storage.RetryProbe(pctx, func(ctx context.Context) error {
-		_, err := s.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)}, once)
-		return err
-	}, probeTransient)
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("s3 bucket %q: %w", s.bucket, ctx.Err())
-	}
-	if c := statusCode(err); c >= 400 && c < 500 {
-		// A HEAD answer has no body, hence no error code: some servers
-		// answer 404 for an unknown access key. Ask once more with a GET
-		// (same permission) to learn the code.
-		_, lerr := s.client.ListObjectsV2(pctx, &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), MaxKeys: aws.Int32(1)}, once)
-		if lerr != nil && errorCode(lerr) != "" {
-			err = lerr
-		}
-	}
-	return &OpenError{Msg: s.explain(err, pctx.Err() != nil), Err: err}
+	return storage.Probe{
+		Name:    fmt.Sprintf("s3 bucket %q", s.bucket),
+		Timeout: probeTimeout,
+		Check: func(ctx context.Context) error {
+			_, err := s.client.HeadBucket(ctx, &s3.HeadBucketInput{Bucket: aws.String(s.bucket)}, once)
+			return err
+		},
+		Explain: func(pctx context.Context, err error, timedOut bool) (string, error) {
+			if c := storage.HTTPStatus(err); c >= 400 && c < 500 {
+				// A HEAD answer has no body, hence no error code: some servers
+				// answer 404 for an unknown access key. Ask once more with a GET
+				// (same permission) to learn the code.
+				_, lerr := s.client.ListObjectsV2(pctx, &s3.ListObjectsV2Input{Bucket: aws.String(s.bucket), MaxKeys: aws.Int32(1)}, once)
+				if lerr != nil && storage.ErrorCode(lerr) != "" {
+					err = lerr
+				}
+			}
+			return s.explain(err, timedOut), err
+		},
+	}.Run(ctx)
 }
 
 func (s *Store) explain(err error, timedOut bool) string {
@@ -64,15 +61,15 @@ func (s *Store) explain(err error, timedOut bool) string {
 	case strings.Contains(err.Error(), "get credentials") || strings.Contains(err.Error(), "retrieve credentials"):
 		return fmt.Sprintf("no usable AWS credentials for s3 bucket %q at endpoint %s (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, AWS_PROFILE, or a web identity token)", b, ep)
 	}
-	switch errorCode(err) {
+	switch storage.ErrorCode(err) {
 	case "NoSuchBucket":
 		return fmt.Sprintf("s3 bucket %q does not exist at endpoint %s (check the bucket name, AWS_ENDPOINT_URL and AWS_REGION)", b, ep)
 	case "InvalidAccessKeyId", "XAdminUserNotFound", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken", "TokenRefreshRequired":
-		return fmt.Sprintf("s3 bucket %q at endpoint %s: access denied (%s; check the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the bucket policy)", b, ep, errorCode(err))
+		return fmt.Sprintf("s3 bucket %q at endpoint %s: access denied (%s; check the credentials: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE, and the bucket policy)", b, ep, storage.ErrorCode(err))
 	case "PermanentRedirect", "AuthorizationHeaderMalformed", "IllegalLocationConstraintException":
-		return fmt.Sprintf("s3 bucket %q at endpoint %s is in another region (%s; set AWS_REGION or region= to the bucket's region)", b, ep, errorCode(err))
+		return fmt.Sprintf("s3 bucket %q at endpoint %s is in another region (%s; set AWS_REGION or region= to the bucket's region)", b, ep, storage.ErrorCode(err))
 	}
-	switch code := statusCode(err); code {
+	switch code := storage.HTTPStatus(err); code {
 	case http.StatusNotFound:
 		return fmt.Sprintf("s3 bucket %q does not exist at endpoint %s (check the bucket name, AWS_ENDPOINT_URL and AWS_REGION)", b, ep)
 	case http.StatusForbidden, http.StatusUnauthorized:
@@ -80,29 +77,8 @@ func (s *Store) explain(err error, timedOut bool) string {
 	case http.StatusMovedPermanently, http.StatusBadRequest:
 		return fmt.Sprintf("s3 bucket %q at endpoint %s: HTTP %d, the bucket may be in another region (check AWS_REGION or region=, and path_style=true for S3-compatible servers)", b, ep, code)
 	case 0:
-		return fmt.Sprintf("s3 endpoint %s for bucket %q: cannot connect: %v (check AWS_ENDPOINT_URL or endpoint=)", ep, b, rootCause(err))
+		return fmt.Sprintf("s3 endpoint %s for bucket %q: cannot connect: %v (check AWS_ENDPOINT_URL or endpoint=)", ep, b, storage.RootCause(err))
 	default:
 		return fmt.Sprintf("s3 bucket %q at endpoint %s: HTTP %d (check that the endpoint is an S3 service and the bucket name)", b, ep, code)
 	}
-}
-
-// rootCause returns the innermost error's text, without the SDK's layers.
-func rootCause(err error) string {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			return strings.ReplaceAll(err.Error(), "\n", " ")
-		}
-		err = next
-	}
-}
-
-// probeTransient reports an answer worth asking again at start-up: a
-// server error, throttling, or a connection lost mid-request (never a
-// refused connection: nothing listens there).
-func probeTransient(err error) bool {
-	if c := statusCode(err); c >= 500 || c == 429 {
-		return true
-	}
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)
 }

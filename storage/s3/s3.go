@@ -63,7 +63,6 @@ import (
 	tmtypes "github.com/aws/aws-sdk-go-v2/feature/s3/transfermanager/types"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
-	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/middleware"
 	"golang.org/x/sync/errgroup"
 
@@ -676,29 +675,13 @@ func (s *Store) wrap(op, key string, err error) error {
 	if isNotFound(err) {
 		return fmt.Errorf("%s %s: %w", op, key, storage.ErrNotFound)
 	}
-	if code := errorCode(err); code == "NoSuchBucket" {
+	if code := storage.ErrorCode(err); code == "NoSuchBucket" {
 		return fmt.Errorf("%s %s: s3 bucket %q does not exist at endpoint %s: %w", op, key, s.bucket, s.endpoint, err)
 	}
-	if a := deniedAction(op, err); a != "" {
-		return fmt.Errorf("%s %s: %w", op, key, &deniedError{action: a, err: err})
+	if d := denied(op, err); d != nil {
+		return fmt.Errorf("%s %s: %w", op, key, d)
 	}
 	return fmt.Errorf("%s %s: %w", op, key, err)
-}
-
-func errorCode(err error) string {
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		return ae.ErrorCode()
-	}
-	return ""
-}
-
-func statusCode(err error) int {
-	var re interface{ HTTPStatusCode() int }
-	if errors.As(err, &re) {
-		return re.HTTPStatusCode()
-	}
-	return 0
 }
 
 // isNotFound reports a missing key (NoSuchKey, NotFound, NoSuchUpload, or a
@@ -709,24 +692,24 @@ func isNotFound(err error) bool {
 	if errors.As(err, &nsk) || errors.As(err, &nf) {
 		return true
 	}
-	switch errorCode(err) {
+	switch storage.ErrorCode(err) {
 	case "NoSuchBucket":
 		return false
 	case "NoSuchKey", "NotFound", "NoSuchUpload":
 		return true
 	}
-	return statusCode(err) == http.StatusNotFound
+	return storage.HTTPStatus(err) == http.StatusNotFound
 }
 
 // isExists reports the answers to a conditional write onto an existing key:
 // 412 PreconditionFailed, or 409 ConditionalRequestConflict when another
 // conditional write to the key is in progress.
 func isExists(err error) bool {
-	switch errorCode(err) {
+	switch storage.ErrorCode(err) {
 	case "PreconditionFailed", "ConditionalRequestConflict":
 		return true
 	}
-	return statusCode(err) == http.StatusPreconditionFailed
+	return storage.HTTPStatus(err) == http.StatusPreconditionFailed
 }
 
 var (

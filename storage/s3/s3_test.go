@@ -600,53 +600,36 @@ func TestConnectionsAreReused(t *testing.T) {
 func TestOpenSurvivesATransientAnswer(t *testing.T) {
 	srv := testservers.S3(t)
 	srv.CreateBucket(t, "flaky")
-	target, err := url.Parse(srv.Endpoint)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	fail := 0 // requests still to fail
-	mode := ""
-	rp := httputil.NewSingleHostReverseProxy(target)
-	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		failing, m := fail > 0, mode
-		if failing {
-			fail--
-		}
-		mu.Unlock()
-		switch {
-		case failing && m == "503":
-			w.WriteHeader(http.StatusServiceUnavailable)
-		case failing && m == "reset":
-			conn, _, _ := w.(http.Hijacker).Hijack()
-			conn.(*net.TCPConn).SetLinger(0)
-			conn.Close()
-		case failing && m == "403":
-			w.WriteHeader(http.StatusForbidden)
-		default:
-			rp.ServeHTTP(w, r) // keeps the Host header the client signed
-		}
-	}))
-	defer proxy.Close()
+	relay := storagetest.NewRelay(t, srv.Endpoint)
 	for _, c := range []struct {
-		mode  string
+		fault storagetest.Fault
 		fails int
 		ok    bool
-	}{{"503", 2, true}, {"reset", 1, true}, {"503", 10, false}, {"403", 1, false}} {
-		mu.Lock()
-		mode, fail = c.mode, c.fails
-		mu.Unlock()
+	}{{storagetest.Unavailable, 2, true}, {storagetest.Reset, 1, true}, {storagetest.Unavailable, 10, false}, {storagetest.Forbid, 1, false}} {
+		relay.FailNext(c.fault, c.fails)
 		o := options(srv, "flaky", "")
-		o.Endpoint = proxy.URL
+		o.Endpoint = relay.URL
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		s, err := New(ctx, o)
 		cancel()
 		if (err == nil) != c.ok {
-			t.Errorf("open with %d x %s first: %v, want ok=%v", c.fails, c.mode, err, c.ok)
+			t.Errorf("open with %d x %s first: %v, want ok=%v", c.fails, c.fault, err, c.ok)
 		}
 		if s != nil {
 			s.Close()
 		}
 	}
+}
+
+// TestErrorClasses: see storagetest.Errors.
+func TestErrorClasses(t *testing.T) {
+	srv := testservers.S3(t)
+	srv.CreateBucket(t, "classes")
+	relay := storagetest.NewRelay(t, srv.Endpoint)
+	var n atomic.Int64
+	storagetest.Errors(t, relay, func(t *testing.T) storage.Store {
+		o := options(srv, "classes", fmt.Sprintf("run/%d", n.Add(1)))
+		o.Endpoint = relay.URL
+		return open(t, o)
+	})
 }

@@ -47,7 +47,7 @@ func Run(t *testing.T, newStore func(t *testing.T) storage.Store, opts Options) 
 		{"put replaces an object and refreshes its time", testPutReplace},
 		{"create refuses an existing key and keeps it", testCreateExclusive},
 		{"of concurrent creates exactly one wins", testCreateRace},
-		{"get and stat of a missing key say not found", testNotFound},
+		{"get and stat of a missing key say not found, not transient", testNotFound},
 		{"put with a short or long body fails and leaves nothing", testSizeMismatch},
 		{"a file body round-trips, and a short or long one fails", testFileBody},
 		{"list reports exactly the keys under a prefix", testList},
@@ -164,8 +164,8 @@ func testCreateExclusive(t *testing.T, s storage.Store) {
 		t.Fatalf("first create: %v", err)
 	}
 	err := s.Create(c, "m/manifest", bytes.NewReader([]byte("loser!!")), 7)
-	if !errors.Is(err, storage.ErrExists) {
-		t.Fatalf("second create: got %v, want ErrExists", err)
+	if !errors.Is(err, storage.ErrExists) || storage.IsTransient(err) {
+		t.Fatalf("second create: got %v (transient %v), want ErrExists, not transient", err, storage.IsTransient(err))
 	}
 	if got := string(get(t, s, "m/manifest")); got != "winner" {
 		t.Fatalf("second create changed the object to %q", got)
@@ -205,11 +205,11 @@ func testCreateRace(t *testing.T, s storage.Store) {
 }
 
 func testNotFound(t *testing.T, s storage.Store) {
-	if _, err := s.Get(ctx(t), "no/such/key"); !errors.Is(err, storage.ErrNotFound) {
-		t.Fatalf("get: got %v, want ErrNotFound", err)
+	if _, err := s.Get(ctx(t), "no/such/key"); !errors.Is(err, storage.ErrNotFound) || storage.IsTransient(err) {
+		t.Fatalf("get: got %v, want ErrNotFound, not transient", err)
 	}
-	if _, err := s.Stat(ctx(t), "no/such/key"); !errors.Is(err, storage.ErrNotFound) {
-		t.Fatalf("stat: got %v, want ErrNotFound", err)
+	if _, err := s.Stat(ctx(t), "no/such/key"); !errors.Is(err, storage.ErrNotFound) || storage.IsTransient(err) {
+		t.Fatalf("stat: got %v, want ErrNotFound, not transient", err)
 	}
 	put(t, s, "dir/file", []byte("x"))
 	if _, err := s.Stat(ctx(t), "dir"); !errors.Is(err, storage.ErrNotFound) {

@@ -160,7 +160,7 @@ func New(ctx context.Context, o Options) (*Store, error) {
 		if cred == nil {
 			cred, err = azidentity.NewDefaultAzureCredential(nil)
 			if err != nil {
-				return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q at %s: no usable Azure credentials (set AZURE_STORAGE_CONNECTION_STRING, or sign in for the identity chain: AZURE_CLIENT_ID/AZURE_TENANT_ID/..., managed identity or `az login`): %v", o.Container, redact(o.Endpoint), rootCause(err)), Err: err}
+				return nil, &storage.OpenError{Msg: fmt.Sprintf("az container %q at %s: no usable Azure credentials (set AZURE_STORAGE_CONNECTION_STRING, or sign in for the identity chain: AZURE_CLIENT_ID/AZURE_TENANT_ID/..., managed identity or `az login`): %v", o.Container, redact(o.Endpoint), storage.RootCause(err)), Err: err}
 			}
 		}
 		curl := strings.TrimSuffix(o.Endpoint, "/") + "/" + url.PathEscape(o.Container)
@@ -235,7 +235,19 @@ func (s *Store) put(ctx context.Context, key string, body io.ReadSeeker, size in
 			return fmt.Errorf("az create %s: %w", key, storage.ErrExists)
 		}
 	}
-	return fmt.Errorf("az put %s: %w", key, err)
+	return fmt.Errorf("az put %s: %w", key, classify(err))
+}
+
+// classify gives an error of the service the HTTP status and error code
+// of its answer (azcore.ResponseError keeps them in fields), so that the
+// storage.Store contract's classes hold: 5xx and 429 transient, 429 and
+// ServerBusy throttled, 401 and 403 a permission refusal.
+func classify(err error) error {
+	var re *azcore.ResponseError
+	if errors.As(err, &re) {
+		return &storage.HTTPError{Status: re.StatusCode, Code: re.ErrorCode, Err: err}
+	}
+	return err
 }
 
 func existsErr(err error) bool {
@@ -360,7 +372,7 @@ func (s *Store) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 		if notFound(err) {
 			return nil, fmt.Errorf("az get %s: %w", key, storage.ErrNotFound)
 		}
-		return nil, fmt.Errorf("az get %s: %w", key, err)
+		return nil, fmt.Errorf("az get %s: %w", key, classify(err))
 	}
 	// The retry reader resumes an interrupted body at its offset, pinned to
 	// the blob's ETag.
@@ -376,7 +388,7 @@ func (s *Store) Stat(ctx context.Context, key string) (storage.ObjectInfo, error
 		if notFound(err) {
 			return storage.ObjectInfo{}, fmt.Errorf("az stat %s: %w", key, storage.ErrNotFound)
 		}
-		return storage.ObjectInfo{}, fmt.Errorf("az stat %s: %w", key, err)
+		return storage.ObjectInfo{}, fmt.Errorf("az stat %s: %w", key, classify(err))
 	}
 	info := storage.ObjectInfo{Key: key}
 	if p.ContentLength != nil {
@@ -394,7 +406,7 @@ func (s *Store) List(ctx context.Context, prefix string, fn func(storage.ObjectI
 	for pager.More() {
 		page, err := pager.NextPage(ctx)
 		if err != nil {
-			return fmt.Errorf("az list %q: %w", prefix, err)
+			return fmt.Errorf("az list %q: %w", prefix, classify(err))
 		}
 		for _, it := range page.Segment.BlobItems {
 			if it.Name == nil || !strings.HasPrefix(*it.Name, s.prefix) {
@@ -469,7 +481,7 @@ func (s *Store) deleteBatch(ctx context.Context, keys []string) error {
 	}
 	resp, err := s.client.SubmitBatch(ctx, bb, nil)
 	if err != nil {
-		return fmt.Errorf("az delete %d blobs from %s: %w", len(keys), keys[0], err)
+		return fmt.Errorf("az delete %d blobs from %s: %w", len(keys), keys[0], classify(err))
 	}
 	s.batches.Add(1)
 	if len(resp.Responses) != len(keys) {
@@ -483,7 +495,7 @@ func (s *Store) deleteBatch(ctx context.Context, keys []string) error {
 		if r.BlobName != nil {
 			name = strings.TrimPrefix(*r.BlobName, s.prefix)
 		}
-		return fmt.Errorf("az delete %s: %w", name, r.Error)
+		return fmt.Errorf("az delete %s: %w", name, classify(r.Error))
 	}
 	return nil
 }
@@ -496,7 +508,7 @@ func (s *Store) deleteEach(ctx context.Context, keys []string) error {
 		g.Go(func() error {
 			_, err := s.blob(k).Delete(gctx, nil)
 			if err != nil && !notFound(err) {
-				return fmt.Errorf("az delete %s: %w", k, err)
+				return fmt.Errorf("az delete %s: %w", k, classify(err))
 			}
 			return nil
 		})

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -26,20 +25,17 @@ const probeTimeout = 30 * time.Second
 // "try again" (5xx, 429, a reset connection) is asked again a few times
 // within the probe timeout.
 func (s *Store) probe(ctx context.Context) error {
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	rctx := policy.WithRetryOptions(pctx, policy.RetryOptions{MaxRetries: -1})
-	err := storage.RetryProbe(rctx, func(ctx context.Context) error {
-		_, err := s.client.GetProperties(ctx, nil)
-		return err
-	}, probeTransient)
-	if err == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return fmt.Errorf("az container %q: %w", s.name, ctx.Err())
-	}
-	return &storage.OpenError{Msg: s.explain(err, pctx.Err() != nil), Err: err}
+	return storage.Probe{
+		Name:    fmt.Sprintf("az container %q", s.name),
+		Timeout: probeTimeout,
+		Check: func(ctx context.Context) error {
+			_, err := s.client.GetProperties(policy.WithRetryOptions(ctx, policy.RetryOptions{MaxRetries: -1}), nil)
+			return classify(err)
+		},
+		Explain: func(_ context.Context, err error, timedOut bool) (string, error) {
+			return s.explain(err, timedOut), err
+		},
+	}.Run(ctx)
 }
 
 func (s *Store) explain(err error, timedOut bool) string {
@@ -55,7 +51,7 @@ func (s *Store) explain(err error, timedOut bool) string {
 	case errors.As(err, &dns):
 		return fmt.Sprintf("az endpoint %s for container %q: cannot resolve host %q (check the account name and the network)", ep, c, dns.Name)
 	case errors.As(err, &authErr) || strings.Contains(err.Error(), "Credential"):
-		return fmt.Sprintf("az container %q at %s: no usable Azure credentials (set AZURE_STORAGE_CONNECTION_STRING, or sign in for the identity chain: AZURE_CLIENT_ID/AZURE_TENANT_ID/..., managed identity or `az login`): %s", c, ep, rootCause(err))
+		return fmt.Sprintf("az container %q at %s: no usable Azure credentials (set AZURE_STORAGE_CONNECTION_STRING, or sign in for the identity chain: AZURE_CLIENT_ID/AZURE_TENANT_ID/..., managed identity or `az login`): %s", c, ep, storage.RootCause(err))
 	case timedOut:
 		return fmt.Sprintf("az endpoint %s did not answer for container %q within %v (check the network and the endpoint)", ep, c, probeTimeout)
 	case errors.As(err, &re) && (re.StatusCode == http.StatusForbidden || re.StatusCode == http.StatusUnauthorized):
@@ -63,25 +59,5 @@ func (s *Store) explain(err error, timedOut bool) string {
 	case errors.As(err, &re):
 		return fmt.Sprintf("az container %q at %s: HTTP %d %s (check the container name and the endpoint)", c, ep, re.StatusCode, re.ErrorCode)
 	}
-	return fmt.Sprintf("az endpoint %s for container %q: cannot connect: %s (check the network and the endpoint)", ep, c, rootCause(err))
-}
-
-// rootCause returns the innermost error's text, on one line.
-func rootCause(err error) string {
-	for {
-		next := errors.Unwrap(err)
-		if next == nil {
-			return strings.Join(strings.Fields(err.Error()), " ")
-		}
-		err = next
-	}
-}
-
-// probeTransient reports an answer worth asking again at start-up.
-func probeTransient(err error) bool {
-	var re *azcore.ResponseError
-	if errors.As(err, &re) && (re.StatusCode >= 500 || re.StatusCode == http.StatusTooManyRequests) {
-		return true
-	}
-	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, io.ErrUnexpectedEOF)
+	return fmt.Sprintf("az endpoint %s for container %q: cannot connect: %s (check the network and the endpoint)", ep, c, storage.RootCause(err))
 }

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ckpt-io/ckpt/plugins/proto"
 	"github.com/ckpt-io/ckpt/storage"
-	"github.com/ckpt-io/ckpt/storage/retry"
 )
 
 // ProtocolVersion is the plugin protocol this build speaks. A change that
@@ -72,7 +71,11 @@ func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, c *grpc
 }
 
 // ToStatus turns an error of a store or an engine into a gRPC status that
-// keeps what callers test for.
+// keeps what callers test for: the sentinels as codes (NotFound,
+// AlreadyExists, Canceled, DeadlineExceeded, PermissionDenied for what
+// storage.IsPermissionDenied reports), the classes of storage.Store
+// (transient, throttled) and the HTTP status and error code in the
+// ErrorDetail.
 func ToStatus(err error) error {
 	if err == nil {
 		return nil
@@ -91,19 +94,15 @@ func ToStatus(err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded
 	}
+	if code == codes.Unknown && storage.IsPermissionDenied(err) {
+		code = codes.PermissionDenied // the host's error says PermissionDenied
+	}
 	var oe *storage.OpenError
 	if errors.As(err, &oe) && code == codes.Unknown {
 		code = codes.FailedPrecondition
 	}
-	d := &pluginpb.ErrorDetail{Message: err.Error(), Transient: retry.Transient(err), Throttled: retry.Throttled(err)}
-	var hs interface{ HTTPStatusCode() int }
-	if errors.As(err, &hs) {
-		d.HttpStatus = int32(hs.HTTPStatusCode())
-	}
-	var ec interface{ ErrorCode() string }
-	if errors.As(err, &ec) {
-		d.ErrorCode = ec.ErrorCode()
-	}
+	d := &pluginpb.ErrorDetail{Message: err.Error(), Transient: storage.IsTransient(err), Throttled: storage.IsThrottled(err),
+		HttpStatus: int32(storage.HTTPStatus(err)), ErrorCode: storage.ErrorCode(err)}
 	s, serr := status.New(code, err.Error()).WithDetails(d)
 	if serr != nil {
 		return status.Error(code, err.Error())

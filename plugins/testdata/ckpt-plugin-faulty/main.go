@@ -4,8 +4,10 @@
 //   - ckpt-plugin-faulty serves faulty:///dir as the file:// backend,
 //     except that a Put of a key under crash/ exits the process halfway
 //     through the body, a Put of a key under kill/ sends the process
-//     SIGKILL, and a Get or Stat of a key under hang/ never
-//     returns; it prints to stdout before Serve and on every Put.
+//     SIGKILL, a Get or Stat of a key under hang/ never returns, and a
+//     Stat of class/<name> fails with storagetest.ClassErrors[name] (the
+//     error classes of storage.Store, to check that they cross the
+//     boundary); it prints to stdout before Serve and on every Put.
 //   - ckpt-plugin-testengine serves the engine "testengine": *.dat files
 //     are shared, Check counts the files of the directory.
 //
@@ -33,6 +35,7 @@ import (
 	"github.com/ckpt-io/ckpt/plugins/sdk"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/file"
+	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
 
 func main() {
@@ -103,6 +106,9 @@ func (f *faulty) Get(ctx context.Context, key string) (io.ReadCloser, error) {
 func (f *faulty) Stat(ctx context.Context, key string) (storage.ObjectInfo, error) {
 	if strings.HasPrefix(key, "hang/") {
 		select {}
+	}
+	if c, ok := strings.CutPrefix(key, "class/"); ok {
+		return storage.ObjectInfo{}, fmt.Errorf("stat %s: %w", key, storagetest.ClassErrors[c])
 	}
 	return f.Store.Stat(ctx, key)
 }
