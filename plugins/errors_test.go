@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	"github.com/ckpt-io/ckpt/plugins"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/storagetest"

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/internal/testservers"
+	"github.com/ckpt-io/ckpt/lab/testservers"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/storagetest"
 )
