@@ -37,7 +37,9 @@ func init() {
 // the same value, so a half-applied batch shows.
 func walKey(i int, half string) []byte { return fmt.Appendf(nil, "w-%08d/%s", i, half) }
 
-func walValue(i int) []byte { return fmt.Appendf(nil, "value of write %d;%s", i, strings.Repeat("x", 200)) }
+func walValue(i int) []byte {
+	return fmt.Appendf(nil, "value of write %d;%s", i, strings.Repeat("x", 200))
+}
 
 func walApp() error {
 	socket, dbDir, task := os.Getenv("CKPT_E2E_SOCKET"), os.Getenv("CKPT_E2E_DB"), os.Getenv("CKPT_E2E_TASK")
@@ -245,4 +247,3 @@ func get(db *pebble.DB, key []byte) ([]byte, error) {
 	defer closer.Close()
 	return append([]byte(nil), v...), nil
 }
-
