@@ -110,6 +110,9 @@ type Config struct {
 	ManifestFormat    int           // manifests.Format1 or Format2
 	CommitPatience    time.Duration // how long a commit retries transient failures
 	Log               *slog.Logger
+	// Guard is the writers' view of GC's marks (nil: manifests.NewGuard
+	// of Store and Job, made on first use).
+	Guard *manifests.Guard
 
 	// Volume returns the identity of the volume the local dir is on, for
 	// ownership records ("" in node-agent mode).
@@ -188,7 +191,12 @@ func New(cfg Config) *Committer {
 
 // gcGuard returns the view of GC's marks, made on first use.
 func (c *Committer) gcGuard() *manifests.Guard {
-	c.guardOnce.Do(func() { c.guard = manifests.NewGuard(c.cfg.Store, c.cfg.Job) })
+	c.guardOnce.Do(func() {
+		c.guard = c.cfg.Guard
+		if c.guard == nil {
+			c.guard = manifests.NewGuard(c.cfg.Store, c.cfg.Job)
+		}
+	})
 	return c.guard
 }
 

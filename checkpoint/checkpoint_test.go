@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -355,6 +356,39 @@ func TestAWriterThatSawAGCMarkUploadsAgain(t *testing.T) {
 	}
 	if !f.Uploaded || !strings.Contains(f.Key, ".") {
 		t.Fatalf("checkpoint 3's 000002.sst is not stored again under a fresh key: %+v", f)
+	}
+}
+
+// Invariant 4: a writer whose look at GC's marks is older than D/2 when
+// its commit would be sent commits nothing: GC may delete what it names.
+// The error is ErrUnavailable (a retry looks again).
+func TestAWriterThatLookedAtTheMarksTooLongAgoCommitsNothing(t *testing.T) {
+	base := newStore(t)
+	r := newRig(t, base, "node-a", 2)
+	var skew atomic.Int64 // added to the writer's clock
+	g := manifests.NewGuard(base, job)
+	g.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
+	r.c = checkpoint.New(checkpoint.Config{
+		Store: base, Job: job, Node: "node-a", AgentID: "agent-a", Local: r.local,
+		Presence: uploader.NewPresence(base, manifests.SharedPrefix(job), time.Nanosecond),
+		Retain:   2, UploadConcurrency: 2, ManifestFormat: manifests.Format2, Guard: g,
+	})
+	eng, err := engines.Lookup("generic")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The commit is reached D/2 and a second after the look.
+	step := func(s string) {
+		if s == "committing the manifest" {
+			skew.Store(int64(g.Delay/2 + time.Second))
+		}
+	}
+	_, err = r.c.Run(context.Background(), checkpoint.Request{Task: "t", Checkpoint: 1, Snapshot: r.snapshot("t", 1, "000001.sst"), Engine: eng, Step: step})
+	if !errors.Is(err, checkpoint.ErrUnavailable) || !errors.Is(err, manifests.ErrStale) {
+		t.Fatalf("a late commit: got %v, want ErrUnavailable (stale)", err)
+	}
+	if ks := keys(t, base, manifests.CheckpointPrefix(job, "t", 1)); len(ks) != 0 {
+		t.Fatalf("a late commit wrote %v", ks)
 	}
 }
 
