@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ckpt-io/ckpt/checkpoint"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
@@ -65,7 +66,7 @@ type Config struct {
 	// Retain is how many complete checkpoints each task keeps (default 2).
 	Retain int
 	// GCGrace is the age an unreferenced object must reach before GC
-	// deletes it (default 1h; below manifests.MinGCGrace it is refused).
+	// deletes it (default 1h; below gc.MinGrace it is refused).
 	GCGrace time.Duration
 	// ReuseCheckMaxAge bounds how old the observation of a reused object
 	// may be when a checkpoint confirms it before its commit: every object
@@ -203,7 +204,7 @@ func (c *Config) defaults() error {
 	if c.GCGrace == 0 {
 		c.GCGrace = time.Hour
 	}
-	if err := manifests.CheckGCGrace("gc grace", c.GCGrace); err != nil {
+	if err := gc.CheckGrace("gc grace", c.GCGrace); err != nil {
 		return err
 	}
 	switch {
@@ -373,8 +374,8 @@ func New(cfg Config) (*Agent, error) {
 		interval = "never"
 	}
 	cfg.Logger.Info("gc settings", "gc_grace", cfg.GCGrace.String(), "gc_interval", interval, "retain", cfg.Retain)
-	if floor, lowered, _ := manifests.GCGraceFloor(); lowered {
-		cfg.Logger.Warn("the GC grace floor is lowered for tests: unsafe with uploads in flight", "env", manifests.UnsafeMinGCGraceEnv, "floor", floor.String())
+	if floor, lowered, _ := gc.GraceFloor(); lowered {
+		cfg.Logger.Warn("the GC grace floor is lowered for tests: unsafe with uploads in flight", "env", gc.UnsafeMinGraceEnv, "floor", floor.String())
 	}
 	id := make([]byte, 6)
 	rand.Read(id)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/checkpoint"
 	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
@@ -396,7 +397,7 @@ func (a *Agent) maybeSweep() {
 	go func() {
 		defer a.jobs.Done()
 		ctx, span := otel.Tracer("ckpt").Start(a.jobsCtx, "gc", trace.WithAttributes(attribute.String("ckpt.job", a.cfg.Job)))
-		rep, err := manifests.GC(ctx, a.cfg.Store, a.cfg.Job, manifests.GCOptions{Grace: a.cfg.GCGrace})
+		rep, err := gc.Collect(ctx, a.cfg.Store, a.cfg.Job, gc.Options{Grace: a.cfg.GCGrace})
 		span.SetAttributes(attribute.Int("ckpt.deleted_objects", rep.DeletedObjects), attribute.Int64("ckpt.live_bytes", rep.LiveBytes))
 		span.End()
 		a.sweepMu.Lock()

@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -55,7 +56,7 @@ var (
 	ErrOwnedElsewhere = manifests.ErrOwnedElsewhere
 	// ErrUnavailable: the commit could not be sent in time after the look
 	// at GC's marks, or names an object GC marked meanwhile
-	// (manifests.ErrStale, manifests.ErrMarked); a retry succeeds.
+	// (gc.ErrStale, gc.ErrMarked); a retry succeeds.
 	// Storage outages are storage's own errors (see storage/retry).
 	ErrUnavailable = errors.New("checkpoint could not commit now; retry")
 	// ErrTimeout is the cause of a context cancelled by a checkpoint's
@@ -110,9 +111,9 @@ type Config struct {
 	ManifestFormat    int           // manifests.Format1 or Format2
 	CommitPatience    time.Duration // how long a commit retries transient failures
 	Log               *slog.Logger
-	// Guard is the writers' view of GC's marks (nil: manifests.NewGuard
+	// Guard is the writers' view of GC's marks (nil: gc.NewGuard
 	// of Store and Job, made on first use).
-	Guard *manifests.Guard
+	Guard *gc.Guard
 
 	// Volume returns the identity of the volume the local dir is on, for
 	// ownership records ("" in node-agent mode).
@@ -163,7 +164,7 @@ type Committer struct {
 	cfg Config
 
 	guardOnce sync.Once
-	guard     *manifests.Guard
+	guard     *gc.Guard
 
 	mu    sync.Mutex
 	tasks map[string]*task
@@ -190,11 +191,11 @@ func New(cfg Config) *Committer {
 }
 
 // gcGuard returns the view of GC's marks, made on first use.
-func (c *Committer) gcGuard() *manifests.Guard {
+func (c *Committer) gcGuard() *gc.Guard {
 	c.guardOnce.Do(func() {
 		c.guard = c.cfg.Guard
 		if c.guard == nil {
-			c.guard = manifests.NewGuard(c.cfg.Store, c.cfg.Job)
+			c.guard = gc.NewGuard(c.cfg.Store, c.cfg.Job)
 		}
 	})
 	return c.guard

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/checkpoint"
 	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -334,7 +335,7 @@ func TestAWriterThatSawAGCMarkUploadsAgain(t *testing.T) {
 		t.Fatal("checkpoint 2 committed through a refused write")
 	}
 	// GC marks it (grace 0: anything unreferenced).
-	rep, err := manifests.GC(context.Background(), base, job, manifests.GCOptions{Grace: 0})
+	rep, err := gc.Collect(context.Background(), base, job, gc.Options{Grace: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +367,7 @@ func TestAWriterThatLookedAtTheMarksTooLongAgoCommitsNothing(t *testing.T) {
 	base := newStore(t)
 	r := newRig(t, base, "node-a", 2)
 	var skew atomic.Int64 // added to the writer's clock
-	g := manifests.NewGuard(base, job)
+	g := gc.NewGuard(base, job)
 	g.Now = func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	r.c = checkpoint.New(checkpoint.Config{
 		Store: base, Job: job, Node: "node-a", AgentID: "agent-a", Local: r.local,
@@ -384,7 +385,7 @@ func TestAWriterThatLookedAtTheMarksTooLongAgoCommitsNothing(t *testing.T) {
 		}
 	}
 	_, err = r.c.Run(context.Background(), checkpoint.Request{Task: "t", Checkpoint: 1, Snapshot: r.snapshot("t", 1, "000001.sst"), Engine: eng, Step: step})
-	if !errors.Is(err, checkpoint.ErrUnavailable) || !errors.Is(err, manifests.ErrStale) {
+	if !errors.Is(err, checkpoint.ErrUnavailable) || !errors.Is(err, gc.ErrStale) {
 		t.Fatalf("a late commit: got %v, want ErrUnavailable (stale)", err)
 	}
 	if ks := keys(t, base, manifests.CheckpointPrefix(job, "t", 1)); len(ks) != 0 {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"time"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -20,7 +21,7 @@ import (
 // commitOwned checks the owner is still this one, then commits m: objects
 // first, manifest last, the checkpoint exists from this write on. A write
 // whose outcome is unknown is read back (reconciled: it landed).
-func (c *Committer) commitOwned(ctx context.Context, t *task, own manifests.Owner, req Request, m *manifests.Manifest, encoded []byte, hold *manifests.Hold) (reconciled bool, err error) {
+func (c *Committer) commitOwned(ctx context.Context, t *task, own manifests.Owner, req Request, m *manifests.Manifest, encoded []byte, hold *gc.Hold) (reconciled bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
@@ -35,7 +36,7 @@ func (c *Committer) commitOwned(ctx context.Context, t *task, own manifests.Owne
 	req.at("committing the manifest")
 	_, commitSpan := otel.Tracer("ckpt").Start(ctx, "commit", trace.WithAttributes(attribute.Int("ckpt.manifest_bytes", len(encoded))))
 	err = c.commit(ctx, m, encoded, hold)
-	if err != nil && !errors.Is(err, manifests.ErrMarked) && !errors.Is(err, manifests.ErrStale) {
+	if err != nil && !errors.Is(err, gc.ErrMarked) && !errors.Is(err, gc.ErrStale) {
 		// The write's outcome is unknown (a timeout or a lost reply may
 		// hide a write that landed; a conflict on this owner's own key
 		// may be this very write, retried): storage decides.
@@ -62,7 +63,7 @@ func (c *Committer) commitOwned(ctx context.Context, t *task, own manifests.Owne
 	switch {
 	case err == nil:
 		return reconciled, nil
-	case errors.Is(err, manifests.ErrMarked) || errors.Is(err, manifests.ErrStale):
+	case errors.Is(err, gc.ErrMarked) || errors.Is(err, gc.ErrStale):
 		return false, newError(ErrUnavailable, err, "checkpoint %d of task %s: %v; retry", req.Checkpoint, req.Task, err)
 	case errors.Is(err, manifests.ErrConflict):
 		return false, newError(ErrConflict, err, "checkpoint %d of task %s was already committed by another writer; the existing one is kept", req.Checkpoint, req.Task)
@@ -81,13 +82,13 @@ func (c *Committer) commitOwned(ctx context.Context, t *task, own manifests.Owne
 //
 // Every attempt is sent within D/2 of the look at GC's marks (hold), so
 // no collection deletes what m names; past that, the commit fails.
-func (c *Committer) commit(ctx context.Context, m *manifests.Manifest, encoded []byte, hold *manifests.Hold) error {
+func (c *Committer) commit(ctx context.Context, m *manifests.Manifest, encoded []byte, hold *gc.Hold) error {
 	deadline := time.Now().Add(c.cfg.CommitPatience)
 	delay := 500 * time.Millisecond
 	wctx, cancel := detached(ctx)
 	defer cancel()
 	for {
-		err := manifests.CommitHeld(wctx, c.cfg.Store, m, encoded, hold)
+		err := gc.CommitHeld(wctx, c.cfg.Store, m, encoded, hold)
 		if err == nil || !retry.Transient(err) || time.Now().Add(delay).After(deadline) {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/internal/failpoint"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/uploader"
@@ -154,11 +155,11 @@ func (c *Committer) prepare(ctx context.Context, t *task, own manifests.Owner, r
 
 // upload transfers the snapshot and looks at GC's marks: the hold it
 // returns bounds when the commit may be sent.
-func (c *Committer) upload(ctx context.Context, req Request, ureq uploader.Request) (*uploader.Result, *manifests.Hold, error) {
+func (c *Committer) upload(ctx context.Context, req Request, ureq uploader.Request) (*uploader.Result, *gc.Hold, error) {
 	uctx, upSpan := otel.Tracer("ckpt").Start(ctx, "upload")
 	req.at("uploading (hashing, transfers, presence checks)")
 	res, err := uploader.Upload(uctx, ureq)
-	var hold *manifests.Hold
+	var hold *gc.Hold
 	if err == nil {
 		req.at("checking GC's marks")
 		// GC deletes only what it marked at least D earlier: the manifest

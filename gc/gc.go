@@ -1,3 +1,7 @@
+// Package gc collects a job's garbage: what no retained manifest of the
+// job names, marked by one collection and deleted by a later one, and the
+// writers' side of that protocol (Guard, CommitHeld).
+//
 // # Garbage collection with many writers
 //
 // GC deletes an object only in a second collection, after marking it in a
@@ -10,7 +14,7 @@
 // object referenced by a manifest committed after a collection started is
 // deleted by that collection.
 //
-// What each party does (D = GCMarkDelay, 10m; W = D/2):
+// What each party does (D = DefaultMarkDelay, 10m; W = D/2):
 //
 //   - A collection reads storage's clock first (it writes <job>/gc/clock
 //     and takes its time, t0), reads the marks under <job>/gc/marks/, then
@@ -72,7 +76,7 @@
 // Time bounds: D = 10m; writers commit within W = 5m of their last look;
 // deletes are sent within 5m of taking the lock; the lock expires after
 // 7m. The proof needs q + p <= D - W = 5m (storage requests time out far
-// sooner), and the grace (>= MinGCGrace) still keeps uploads in flight
+// sooner), and the grace (>= MinGrace) still keeps uploads in flight
 // from being marked at all.
 //
 // Clock assumptions: ages and ripeness compare only times written by
@@ -91,7 +95,7 @@
 // collection would delete now (candidates of ripe marks) and what it would
 // mark, and writes nothing (not even the clock probe: it uses its own
 // clock).
-package manifests
+package gc
 
 import (
 	"context"
@@ -105,11 +109,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckpt-io/ckpt/internal/failpoint"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-// GCOptions tunes a collection.
-type GCOptions struct {
+// Options tunes a collection.
+type Options struct {
 	// Retain, when > 0, first retires all but the newest Retain complete
 	// checkpoints of every task. Zero leaves retention alone.
 	Retain int
@@ -129,8 +134,8 @@ type GCOptions struct {
 	Now func() time.Time
 }
 
-// GCReport says what a collection found and did.
-type GCReport struct {
+// Report says what a collection found and did.
+type Report struct {
 	DeletedObjects      int      `json:"deleted_objects"`
 	DeletedBytes        int64    `json:"deleted_bytes"`
 	LiveObjects         int      `json:"live_objects"`
@@ -152,7 +157,7 @@ type GCReport struct {
 // variable only so that tests can lower it.
 var deleteBatch = 1000
 
-// GC collects a job's garbage. The live set is derived from storage alone:
+// Collect collects a job's garbage. The live set is derived from storage alone:
 // every object referenced by a retained manifest, or by a manifest retired
 // less than Grace ago, is live. Everything else under the job's shared and
 // private prefixes that is older than Grace is garbage: objects of retired
@@ -168,8 +173,8 @@ var deleteBatch = 1000
 // after the listing, each batch is re-checked with Stat right before it is
 // deleted, so that an object refreshed by a re-upload in the meantime is
 // kept.
-func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCReport, error) {
-	var rep GCReport
+func Collect(ctx context.Context, s storage.Store, job string, opts Options) (Report, error) {
+	var rep Report
 	rep.DryRun = opts.DryRun
 	delay := opts.MarkDelay
 	if delay == 0 {
@@ -208,7 +213,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	}
 	deleting := lock != "" || opts.DryRun
 
-	cat, err := Scan(ctx, s, job, "")
+	cat, err := manifests.Scan(ctx, s, job, "")
 	if err != nil {
 		return rep, err
 	}
@@ -286,36 +291,35 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 // the retirements in cat (at start). Every task keeps its newest
 // job-complete checkpoint (and so GC keeps its objects), whatever Retain
 // says.
-func gcRetire(ctx context.Context, s storage.Store, job string, cat *Catalog, opts GCOptions, start time.Time) error {
+func gcRetire(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, opts Options, start time.Time) error {
 	tasks := map[string]bool{}
 	for _, r := range cat.Refs {
 		tasks[r.Task] = true
 	}
-	jobs := NewJobReader(s, cat)
+	jobs := manifests.NewJobReader(s, cat)
 	for task := range tasks {
 		refs := cat.Retained(task)
-		_, retire := Retention(refs, opts.Retain)
+		_, retire := manifests.Retention(refs, opts.Retain)
 		if len(retire) > 0 {
 			protect, err := jobs.NewestComplete(ctx, task)
 			if err != nil {
 				return fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
 			}
-			keep, err := jobs.pending(ctx, refs, protect, start)
+			keep, err := jobs.PendingRefs(ctx, refs, protect, start)
 			if err != nil {
 				return fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
 			}
-			_, retire = Retention(refs, opts.Retain, append(keep, protect)...)
+			_, retire = manifests.Retention(refs, opts.Retain, append(keep, protect)...)
 		}
 		for _, old := range retire {
 			if !opts.DryRun {
 				// In the name of the task's newest owner as listed:
 				// a takeover since the scan overrules it (markerCounts).
 				epoch := cat.Owners[task].Latest()
-				if err := RetireAt(ctx, s, job, task, old.Checkpoint, epoch); err != nil {
+				if err := manifests.RetireAt(ctx, s, job, task, old.Checkpoint, epoch); err != nil {
 					return err
 				}
-				k := taskN{task, old.Checkpoint}
-				cat.markers[k] = append(cat.markers[k], RetiredKeyOf(job, task, old.Checkpoint, epoch))
+				cat.AddMarker(task, old.Checkpoint, manifests.RetiredKeyOf(job, task, old.Checkpoint, epoch))
 			}
 			for j := range cat.Refs {
 				if cat.Refs[j].Task == task && cat.Refs[j].Checkpoint == old.Checkpoint {
@@ -332,9 +336,9 @@ func gcRetire(ctx context.Context, s storage.Store, job string, cat *Catalog, op
 // and the manifests whose retirement is older than grace (expired).
 // Manifests are read one at a time; only the hashes of their keys are
 // kept.
-func gcLive(ctx context.Context, s storage.Store, job string, cat *Catalog, grace time.Duration, start time.Time, rep *GCReport) (*liveSet, []Ref, error) {
+func gcLive(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, grace time.Duration, start time.Time, rep *Report) (*liveSet, []manifests.Ref, error) {
 	live := newLiveSet()
-	var expired []Ref
+	var expired []manifests.Ref
 	for _, r := range cat.Refs {
 		if r.Retired && start.Sub(r.RetiredAt) >= grace {
 			expired = append(expired, r)
@@ -349,8 +353,8 @@ func gcLive(ctx context.Context, s storage.Store, job string, cat *Catalog, grac
 		// Streamed as it arrives: memory holds neither the manifest nor
 		// its decoded files. A manifest that fails its checks after some
 		// keys were added stops the collection: nothing is deleted, so
-		// the extra keys cannot matter (see streamWalkRef).
-		err := streamWalkRef(ctx, s, job, r, func(f *FileView) error {
+		// the extra keys cannot matter (see StreamWalkRef).
+		err := manifests.StreamWalkRef(ctx, s, job, r, func(f *manifests.FileView) error {
 			if len(f.Key) > 0 {
 				live.add(f.Key)
 			}
@@ -372,7 +376,7 @@ func gcLive(ctx context.Context, s storage.Store, job string, cat *Catalog, grac
 // pointing at deleted objects. Fenced manifests (owner.go) stay fenced
 // forever: nothing keeps their objects alive, and they go with the
 // expired ones.
-func gcDeleteExpired(ctx context.Context, s storage.Store, cat *Catalog, expired []Ref, dryRun bool, rep *GCReport) error {
+func gcDeleteExpired(ctx context.Context, s storage.Store, cat *manifests.Catalog, expired []manifests.Ref, dryRun bool, rep *Report) error {
 	var meta []string
 	for _, r := range expired {
 		meta = append(meta, r.Key)
@@ -401,8 +405,8 @@ func gcDeleteExpired(ctx context.Context, s storage.Store, cat *Catalog, expired
 
 // gcSweep hands consider every shared object as listed, then the
 // private objects the scan found, in key order, and flushes the sweep.
-func gcSweep(ctx context.Context, s storage.Store, job string, cat *Catalog, sw *sweep, consider func(storage.ObjectInfo) error) error {
-	if err := s.List(ctx, SharedPrefix(job), consider); err != nil {
+func gcSweep(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, sw *sweep, consider func(storage.ObjectInfo) error) error {
+	if err := s.List(ctx, manifests.SharedPrefix(job), consider); err != nil {
 		var se *sweepError
 		if errors.As(err, &se) {
 			return se.err
@@ -448,11 +452,11 @@ func (e *sweepError) Unwrap() error { return e.err }
 type sweep struct {
 	s         storage.Store
 	job       string
-	opts      GCOptions
+	opts      Options
 	delay     time.Duration
 	now       func() time.Time
 	lockAsked time.Time
-	rep       *GCReport
+	rep       *Report
 	// doomed are candidates of ripe marks waiting for their delete, listed
 	// from doomedAt on; fresh are new garbage waiting for their mark.
 	doomed   []storage.ObjectInfo
