@@ -38,16 +38,18 @@ import (
 	"github.com/ckpt-io/ckpt/uploader"
 )
 
-// Errors of Run, for errors.Is. Each error Run returns that is not a
-// storage or local failure as such wraps exactly one of them; the error's
-// message is the one to show the user.
+// Errors of Run, for errors.Is. An error of the transaction itself (not a
+// storage or local failure as such) is an *Error of kind ErrConflict or
+// ErrUnavailable, or an *OwnershipError (wrapping ErrFenced,
+// ErrOwnedElsewhere, ...); its message is the one to show the user.
 var (
 	// ErrConflict: the checkpoint number is at or below the task's last
 	// completed checkpoint, or another writer committed it first (the
 	// error then also wraps manifests.ErrConflict). Retrying it is useless.
 	ErrConflict = errors.New("checkpoint conflicts with a completed one")
 	// ErrFenced: a newer owner took the task; this agent commits and
-	// retires nothing for it until a restore takes it back (Committer.Own).
+	// retires nothing for it until a restore takes it back
+	// (Committer.OwnForRestore).
 	// It is manifests.ErrFenced.
 	ErrFenced = manifests.ErrFenced
 	// ErrOwnedElsewhere: the task's newest owner runs on another node;
