@@ -24,6 +24,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ckpt-io/ckpt/checkpoint"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
@@ -64,7 +66,7 @@ type Config struct {
 	// Retain is how many complete checkpoints each task keeps (default 2).
 	Retain int
 	// GCGrace is the age an unreferenced object must reach before GC
-	// deletes it (default 1h; below manifests.MinGCGrace it is refused).
+	// deletes it (default 1h; below gc.MinGrace it is refused).
 	GCGrace time.Duration
 	// ReuseCheckMaxAge bounds how old the observation of a reused object
 	// may be when a checkpoint confirms it before its commit: every object
@@ -202,7 +204,7 @@ func (c *Config) defaults() error {
 	if c.GCGrace == 0 {
 		c.GCGrace = time.Hour
 	}
-	if err := manifests.CheckGCGrace("gc grace", c.GCGrace); err != nil {
+	if err := gc.CheckGrace("gc grace", c.GCGrace); err != nil {
 		return err
 	}
 	switch {
@@ -301,9 +303,9 @@ type Agent struct {
 	roots   []root // the allowed roots, open
 	// presence confirms reused objects before commits (job-wide index).
 	presence *uploader.Presence
-	// guard reads GC's marks before commits (see gcGuard).
-	guardOnce sync.Once
-	guard     *manifests.Guard
+	// txn runs the storage transaction of each checkpoint and keeps what
+	// is known of each task in storage (ownership, retained manifests).
+	txn *checkpoint.Committer
 
 	mu       sync.Mutex
 	tasks    map[string]*task
@@ -372,8 +374,8 @@ func New(cfg Config) (*Agent, error) {
 		interval = "never"
 	}
 	cfg.Logger.Info("gc settings", "gc_grace", cfg.GCGrace.String(), "gc_interval", interval, "retain", cfg.Retain)
-	if floor, lowered, _ := manifests.GCGraceFloor(); lowered {
-		cfg.Logger.Warn("the GC grace floor is lowered for tests: unsafe with uploads in flight", "env", manifests.UnsafeMinGCGraceEnv, "floor", floor.String())
+	if floor, lowered, _ := gc.GraceFloor(); lowered {
+		cfg.Logger.Warn("the GC grace floor is lowered for tests: unsafe with uploads in flight", "env", gc.UnsafeMinGraceEnv, "floor", floor.String())
 	}
 	id := make([]byte, 6)
 	rand.Read(id)
@@ -381,7 +383,7 @@ func New(cfg Config) (*Agent, error) {
 	if cfg.Node == "" {
 		cfg.Node = host
 	}
-	return &Agent{
+	a := &Agent{
 		cfg: cfg, log: cfg.Logger, local: local, roots: roots,
 		presence: uploader.NewPresence(cfg.Store, manifests.SharedPrefix(cfg.Job), cfg.ReuseCheckMaxAge),
 		agentID:  host + "-" + hex.EncodeToString(id),
@@ -389,7 +391,15 @@ func New(cfg Config) (*Agent, error) {
 		ready:    make(chan struct{}),
 		followed: slices.Clone(cfg.StandbyFor),
 		nudge:    make(chan struct{}, 1),
-	}, nil
+	}
+	a.txn = checkpoint.New(checkpoint.Config{
+		Store: cfg.Store, Job: cfg.Job, Node: cfg.Node, AgentID: a.agentID, Local: local, Presence: a.presence,
+		Retain: cfg.Retain, UploadConcurrency: cfg.UploadConcurrency, ManifestFormat: cfg.ManifestFormat,
+		CommitPatience: cfg.CommitPatience, Log: cfg.Logger,
+		Volume: a.volumeID, Succeeds: a.succeeds, Note: a.noteOutcome,
+		Replaced: func(ctx context.Context, reason string) { a.cfg.Telemetry.ReuseReplaced(ctx, reason) },
+	})
+	return a, nil
 }
 
 // Ready is closed once the socket accepts connections.
@@ -663,8 +673,8 @@ func (a *Agent) recoverLocal() error {
 				return err
 			}
 			if l != nil { // known without the network: refuse stale numbers at once
-				t := a.taskLocked(e.Name())
-				t.lastCompleted, t.lastSize, t.lastFull = l.Checkpoint, l.Manifest.CheckpointSize, l.Manifest.FullSize
+				a.taskLocked(e.Name())
+				a.txn.Recovered(e.Name(), l)
 			}
 		}
 	}
@@ -766,10 +776,11 @@ func (a *Agent) status(only string) []protocol.TaskStatus {
 		if only != "" && name != only {
 			continue
 		}
+		st := a.txn.Status(name)
 		out = append(out, protocol.TaskStatus{
-			Task: name, LastCompleted: t.lastCompleted,
-			LastCheckpointSize: t.lastSize, LastFullSize: t.lastFull,
-			InFlight: len(t.inflight), Problems: t.problems,
+			Task: name, LastCompleted: st.LastCompleted,
+			LastCheckpointSize: st.LastSize, LastFullSize: st.LastFull,
+			InFlight: len(t.inflight), Problems: st.Problems,
 		})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Task < out[j].Task })
@@ -829,7 +840,10 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 		// A restore is the first thing a task's new home does: it takes the
 		// task's ownership (or, if this agent holds it, checks it still
 		// does; if a newer owner fenced it, it takes the task back).
-		if _, err := a.own(ctx, req.Task, true, true); err != nil {
+		a.mu.Lock()
+		a.taskLocked(req.Task)
+		a.mu.Unlock()
+		if _, err := a.txn.OwnForRestore(ctx, req.Task); err != nil {
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
 			return
 		}

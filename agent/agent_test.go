@@ -20,6 +20,7 @@ import (
 
 	"github.com/ckpt-io/ckpt/client"
 	_ "github.com/ckpt-io/ckpt/engines/pebble"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
@@ -396,7 +397,7 @@ func TestAbortStopsAnInFlightCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	// GC leaves no orphan of the aborted attempt once past the grace.
-	rep, err := manifests.GC(ctxT(t), h.store, "job", manifests.GCOptions{Grace: 0})
+	rep, err := gc.Collect(ctxT(t), h.store, "job", gc.Options{Grace: 0})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/protocol"
 	"github.com/ckpt-io/ckpt/restore"
@@ -148,7 +149,7 @@ func TestAZombieCommittingFirstNeitherBlocksTheNewOwnerNorIsEverUsed(t *testing.
 	// Two collections: the first marks what no valid manifest names, the
 	// second (a mark delay later) deletes it.
 	for range 2 {
-		if _, err := manifests.GC(ctx, shared, "job", manifests.GCOptions{Retain: 1, Grace: 0, MarkDelay: time.Nanosecond}); err != nil {
+		if _, err := gc.Collect(ctx, shared, "job", gc.Options{Retain: 1, Grace: 0, MarkDelay: time.Nanosecond}); err != nil {
 			t.Fatal(err)
 		}
 	}

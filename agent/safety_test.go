@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/internal/safefs"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/protocol"
@@ -45,10 +46,10 @@ func TestTheAgentLogsItsGCSettingsAndRefusesAShortGrace(t *testing.T) {
 	}
 
 	cfg.GCGrace = time.Minute
-	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), manifests.MinGCGrace.String()) {
+	if _, err := New(cfg); err == nil || !strings.Contains(err.Error(), gc.MinGrace.String()) {
 		t.Errorf("New with a 1m grace: %v, want a refusal naming the floor", err)
 	}
-	t.Setenv(manifests.UnsafeMinGCGraceEnv, "1s")
+	t.Setenv(gc.UnsafeMinGraceEnv, "1s")
 	if _, err := New(cfg); err != nil {
 		t.Errorf("New with a 1m grace and the floor lowered: %v", err)
 	}

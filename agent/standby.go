@@ -120,5 +120,5 @@ func (a *Agent) serves(task string) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	t := a.tasks[task]
-	return t != nil && (t.lastCompleted > 0 || len(t.inflight) > 0)
+	return t != nil && (a.txn.Status(t.name).LastCompleted > 0 || len(t.inflight) > 0)
 }

@@ -73,6 +73,13 @@ func (c *Catalog) MarkerKeys(task string, n uint64) []string {
 	return c.markers[taskN{task, n}]
 }
 
+// AddMarker records key, a retention marker of checkpoint n of task
+// written since the scan (GC's retention), for MarkerKeys.
+func (c *Catalog) AddMarker(task string, n uint64, key string) {
+	k := taskN{task, n}
+	c.markers[k] = append(c.markers[k], key)
+}
+
 // The retirement rule every reader applies (inside Scan), the counterpart
 // of the fencing rule for retention markers:
 //
@@ -427,7 +434,7 @@ func RetireAt(ctx context.Context, s storage.Store, job, task string, n, epoch u
 }
 
 // Retention is the one retention decision of ckpt, used by the agent after
-// each checkpoint, by GC (GCOptions.Retain) and so by `ckpt gc --retain`.
+// each checkpoint, by GC (gc.Options.Retain) and so by `ckpt gc --retain`.
 // refs are the retained (complete, not retired) checkpoints of one task,
 // oldest first; keep is how many to retain. It returns the refs that stay
 // retained and those to retire, each oldest first, without changing refs.

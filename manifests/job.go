@@ -269,9 +269,10 @@ func (r *JobReader) NewestComplete(ctx context.Context, task string) (uint64, er
 	return 0, nil
 }
 
-// pending is Pending for refs, one task's retained checkpoints, reading
-// the tasks lists of those young enough and newer than newestComplete.
-func (r *JobReader) pending(ctx context.Context, refs []Ref, newestComplete uint64, now time.Time) ([]uint64, error) {
+// PendingRefs is Pending for refs, one task's retained checkpoints,
+// reading the tasks lists of those young enough and newer than
+// newestComplete.
+func (r *JobReader) PendingRefs(ctx context.Context, refs []Ref, newestComplete uint64, now time.Time) ([]uint64, error) {
 	var out []uint64
 	for _, ref := range refs {
 		if ref.Checkpoint <= newestComplete || now.Sub(ref.Created) >= JobPendingWindow {

@@ -151,46 +151,6 @@ func TestRetentionProtects(t *testing.T) {
 	}
 }
 
-// Retention with --retain 1 and newer incomplete checkpoints keeps the
-// newest job-complete checkpoint of every task, and GC keeps its objects.
-func TestGCRetainOneKeepsTheNewestJobCompleteCheckpoint(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	for n := uint64(1); n <= 2; n++ {
-		commitJob(t, s, "a", n, "a", "b")
-		commitJob(t, s, "b", n, "a", "b")
-	}
-	commitJob(t, s, "a", 3, "a", "b")
-	commitJob(t, s, "a", 4, "a", "b")
-	if _, err := GC(ctx, s, "job", GCOptions{Retain: 1, Grace: time.Hour}); err != nil {
-		t.Fatal(err)
-	}
-	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
-	if _, err := GC(ctx, s, "job", GCOptions{Retain: 1, Grace: time.Hour, Now: later}); err != nil {
-		t.Fatal(err)
-	}
-	cat, _ := Scan(ctx, s, "job", "")
-	var got []string
-	for _, r := range cat.Retained("") {
-		got = append(got, fmt.Sprintf("%s/%d", r.Task, r.Checkpoint))
-	}
-	if fmt.Sprint(got) != "[a/2 a/4 b/2]" {
-		t.Fatalf("retained %v, want a/2 a/4 b/2", got)
-	}
-	for _, task := range []string{"a", "b"} {
-		m, err := Load(ctx, s, "job", task, 2)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.Stat(ctx, m.Files[0].Key); err != nil {
-			t.Fatalf("object of %s/2 deleted: %v", task, err)
-		}
-	}
-	if n, _ := NewestJobComplete(ctx, s, "job", "b"); n != 2 {
-		t.Fatalf("newest job-complete after GC: %d", n)
-	}
-}
-
 // The property: for any history of job-wide checkpoints, the pure
 // decision agrees with a direct reading of the definition, and retention
 // with its protection never retires the newest job-complete checkpoint.

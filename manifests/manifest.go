@@ -1,6 +1,6 @@
 // Package manifests owns the checkpoint manifest: its format, the storage
 // layout of a job, the conditional commit that makes a checkpoint complete,
-// retention, and garbage collection from the live set of retained manifests.
+// and retention (garbage collection is package gc).
 //
 // The rule everything else leans on: objects first, manifest last. A
 // checkpoint is complete if and only if its manifest exists, and a manifest

@@ -2,7 +2,6 @@ package manifests
 
 import (
 	"context"
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -53,41 +52,6 @@ func TestKeysOfTheTwoAlgorithmsNeverCollideAndKeepTheirSpread(t *testing.T) {
 		hh, id, _ := strings.Cut(rest, "/")
 		if len(hh) != 2 || !strings.HasPrefix(strings.TrimPrefix(id, "b3-"), hh) {
 			t.Fatalf("key %s: spread %q is not the hash's first two digits", k, hh)
-		}
-	}
-}
-
-func TestGCKeepsReferencedObjectsOfBothAlgorithmsAndDeletesOrphansOfBoth(t *testing.T) {
-	ctx := context.Background()
-	s := newStore(t)
-	v1 := commitAlg(t, s, "t", 1, Format1, "kept by format 1", "shared across the switch")
-	v2 := commitAlg(t, s, "u", 1, Format2, "sha:shared across the switch", "new in format 2")
-	if v2.Files[0].Key != v1.Files[1].Key {
-		t.Fatalf("the reused SHA-256 object has two keys: %s, %s", v1.Files[1].Key, v2.Files[0].Key)
-	}
-	var orphans []string
-	for _, alg := range []Alg{SHA256, BLAKE3} {
-		b := []byte("left by a crash, " + alg.String())
-		k := SharedKey("job", SumBytes(alg, b), int64(len(b)))
-		put(t, s, k, b)
-		orphans = append(orphans, k)
-	}
-	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
-	for _, delay := range []time.Duration{0, time.Hour} { // mark, then delete
-		if _, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: later, MarkDelay: delay}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, m := range []*Manifest{v1, v2} {
-		for _, f := range m.Files {
-			if _, err := s.Stat(ctx, f.Key); err != nil {
-				t.Fatalf("GC deleted %s (%s), referenced by %s checkpoint 1: %v", f.Key, f.Alg(), m.Task, err)
-			}
-		}
-	}
-	for _, k := range orphans {
-		if _, err := s.Stat(ctx, k); !errors.Is(err, storage.ErrNotFound) {
-			t.Fatalf("GC kept the orphan %s: %v", k, err)
 		}
 	}
 }

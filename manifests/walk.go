@@ -503,128 +503,28 @@ func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
 	if !ok {
 		return 0, w.bad()
 	}
-	sharedPrefix := []byte(SharedPrefix(m.Job))
-	privatePrefix := []byte(PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, ""))
-	var (
-		name, prev  = make([]byte, 0, maxNameLen), make([]byte, 0, maxNameLen)
-		sum         [hashLen]byte
-		key, defKey []byte
-		inline      bytes.Buffer
-		privateKeys = map[string]bool{}
-		v           FileView
-	)
+	e := &tableEntry{
+		sharedPrefix:  []byte(SharedPrefix(m.Job)),
+		privatePrefix: []byte(PrivateKeyOf(m.Job, m.Task, m.Checkpoint, m.Epoch, "")),
+		name:          make([]byte, 0, maxNameLen),
+		prev:          make([]byte, 0, maxNameLen),
+		privateKeys:   map[string]bool{},
+	}
 	for i := uint64(0); i < count; i++ {
-		flags, err := w.r.ReadByte()
-		if err != nil {
-			w.fail(err)
-			return int(i), w.bad()
+		if err := w.entry(e); err != nil {
+			return int(i), err
 		}
-		if flags&^fileKnown != 0 {
-			return int(i), w.bad()
+		if err := w.check(e, i); err != nil {
+			return int(i), err
 		}
-		common, ok1 := w.uvarint()
-		restLen, ok2 := w.uvarint()
-		if !ok1 || !ok2 || common > uint64(len(prev)) || restLen > maxNameLen || common+restLen > maxNameLen {
-			return int(i), w.bad()
-		}
-		name = append(name[:0], prev[:common]...)
-		name = name[:common+restLen]
-		if !w.read(name[common:]) {
-			return int(i), w.bad()
-		}
-		size, ok := w.uvarint()
-		if !ok || size > math.MaxInt64 || !w.read(sum[:]) {
-			return int(i), w.bad()
-		}
-		alg := SHA256
-		if flags&fileBLAKE3 != 0 {
-			alg = BLAKE3
-		}
-		v = FileView{Name: name, Kind: Shared, Size: int64(size), Alg: alg, Sum: sum[:], Uploaded: flags&fileUploaded != 0}
-		if flags&filePrivate != 0 {
-			v.Kind = Private
-		}
-		// The default key: the content address of a shared file, the
-		// checkpoint's place of a private one.
-		if v.Kind == Shared {
-			defKey = append(defKey[:0], sharedPrefix...)
-			defKey = hex.AppendEncode(defKey, sum[:1])
-			defKey = append(defKey, '/')
-			if alg == BLAKE3 {
-				defKey = append(defKey, blake3Prefix...)
-			}
-			defKey = hex.AppendEncode(defKey, sum[:])
-			defKey = append(defKey, '-')
-			defKey = strconv.AppendInt(defKey, v.Size, 10)
-		} else {
-			defKey = append(append(defKey[:0], privatePrefix...), name...)
-		}
-		switch {
-		case flags&fileInline != 0:
-			if flags&fileKey != 0 || size > MaxManifestBytes {
-				return int(i), w.bad()
-			}
-			inline.Reset()
-			if n, err := io.CopyN(&inline, w.r, int64(size)); err != nil || n != int64(size) {
-				w.fail(err)
-				return int(i), w.bad()
-			}
-			v.Inline = inline.Bytes()
-			if v.Inline == nil {
-				v.Inline = []byte{}
-			}
-		case flags&fileKey != 0:
-			klen, ok := w.uvarint()
-			if !ok || klen > MaxManifestBytes {
-				return int(i), w.bad()
-			}
-			if uint64(cap(key)) < klen {
-				key = make([]byte, klen)
-			}
-			key = key[:klen]
-			if !w.read(key) {
-				return int(i), w.bad()
-			}
-			v.Key = key
-		default:
-			v.Key = defKey
-		}
-		// The checks of Validate, in the same order.
-		if !validFileNameBytes(name) {
-			return int(i), fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, ValidFileName(string(name)))
-		}
-		if i > 0 && bytes.Compare(name, prev) <= 0 {
-			return int(i), errUnsorted
-		}
-		switch {
-		case v.Kind == Shared:
-			if !isKeyOrFreshBytes(v.Key, defKey) || v.Inline != nil {
-				return int(i), fmt.Errorf("manifest: shared file %q: key %q is not its content address", name, v.Key)
-			}
-		case v.Inline != nil:
-			if err := checkInline(alg, v.Inline, sum[:]); err != nil {
-				return int(i), fmt.Errorf("manifest: private file %q: inline bytes: %w", name, err)
-			}
-		case !isKeyOrFreshBytes(v.Key, defKey):
-			return int(i), fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", name, v.Key)
-		case flags&fileKey != 0:
-			// A default private key repeats its (unique) name; a fresh one
-			// may equal another file's default key.
-			if privateKeys[string(v.Key)] {
-				return int(i), fmt.Errorf("manifest: private file %q: key %q names another file's object too", name, v.Key)
-			}
-			privateKeys[string(v.Key)] = true
-		default:
-			privateKeys[string(v.Key)] = true
-		}
-		w.full += v.Size
+		w.full += e.v.Size
 		if w.full < 0 {
 			return int(i), fmt.Errorf("manifest: full size overflows")
 		}
-		if err := fn(&v); err != nil {
+		if err := fn(&e.v); err != nil {
 			return int(i), &walkFnError{err}
 		}
-		prev, name = name, prev
+		e.prev, e.name = e.name, e.prev
 	}
 	// Nothing may follow the table.
 	if _, err := w.r.ReadByte(); err != io.EOF {
@@ -634,6 +534,138 @@ func (w *tableWalker) walk(fn func(*FileView) error) (int, error) {
 		return int(count), errors.New("manifest body: bytes after the file table: the manifest is corrupt")
 	}
 	return int(count), nil
+}
+
+// tableEntry is the file table walker's scratch space, reused from file
+// to file so that a walk allocates nothing per file: the file as read (v,
+// whose Name, Key and Inline point into the buffers here), its flags and
+// default key, and what the checks of the files before it remember.
+type tableEntry struct {
+	v                           FileView
+	flags                       byte
+	name, prev                  []byte
+	sum                         [hashLen]byte
+	key, defKey                 []byte
+	inline                      bytes.Buffer
+	privateKeys                 map[string]bool
+	sharedPrefix, privatePrefix []byte
+}
+
+// entry reads the next file of the table into e.v.
+func (w *tableWalker) entry(e *tableEntry) error {
+	flags, err := w.r.ReadByte()
+	if err != nil {
+		w.fail(err)
+		return w.bad()
+	}
+	if flags&^fileKnown != 0 {
+		return w.bad()
+	}
+	common, ok1 := w.uvarint()
+	restLen, ok2 := w.uvarint()
+	if !ok1 || !ok2 || common > uint64(len(e.prev)) || restLen > maxNameLen || common+restLen > maxNameLen {
+		return w.bad()
+	}
+	name := append(e.name[:0], e.prev[:common]...)
+	name = name[:common+restLen]
+	e.name = name
+	if !w.read(name[common:]) {
+		return w.bad()
+	}
+	size, ok := w.uvarint()
+	if !ok || size > math.MaxInt64 || !w.read(e.sum[:]) {
+		return w.bad()
+	}
+	alg := SHA256
+	if flags&fileBLAKE3 != 0 {
+		alg = BLAKE3
+	}
+	e.flags = flags
+	e.v = FileView{Name: name, Kind: Shared, Size: int64(size), Alg: alg, Sum: e.sum[:], Uploaded: flags&fileUploaded != 0}
+	v := &e.v
+	if flags&filePrivate != 0 {
+		v.Kind = Private
+	}
+	// The default key: the content address of a shared file, the
+	// checkpoint's place of a private one.
+	if v.Kind == Shared {
+		e.defKey = append(e.defKey[:0], e.sharedPrefix...)
+		e.defKey = hex.AppendEncode(e.defKey, e.sum[:1])
+		e.defKey = append(e.defKey, '/')
+		if alg == BLAKE3 {
+			e.defKey = append(e.defKey, blake3Prefix...)
+		}
+		e.defKey = hex.AppendEncode(e.defKey, e.sum[:])
+		e.defKey = append(e.defKey, '-')
+		e.defKey = strconv.AppendInt(e.defKey, v.Size, 10)
+	} else {
+		e.defKey = append(append(e.defKey[:0], e.privatePrefix...), name...)
+	}
+	switch {
+	case flags&fileInline != 0:
+		if flags&fileKey != 0 || size > MaxManifestBytes {
+			return w.bad()
+		}
+		e.inline.Reset()
+		if n, err := io.CopyN(&e.inline, w.r, int64(size)); err != nil || n != int64(size) {
+			w.fail(err)
+			return w.bad()
+		}
+		v.Inline = e.inline.Bytes()
+		if v.Inline == nil {
+			v.Inline = []byte{}
+		}
+	case flags&fileKey != 0:
+		klen, ok := w.uvarint()
+		if !ok || klen > MaxManifestBytes {
+			return w.bad()
+		}
+		if uint64(cap(e.key)) < klen {
+			e.key = make([]byte, klen)
+		}
+		e.key = e.key[:klen]
+		if !w.read(e.key) {
+			return w.bad()
+		}
+		v.Key = e.key
+	default:
+		v.Key = e.defKey
+	}
+	return nil
+}
+
+// check applies Validate's checks, in the same order, to e.v, the i-th
+// file of the table.
+func (w *tableWalker) check(e *tableEntry, i uint64) error {
+	m, v, name := w.m, &e.v, e.name
+	if !validFileNameBytes(name) {
+		return fmt.Errorf("manifest of %s checkpoint %d: %w", m.Task, m.Checkpoint, ValidFileName(string(name)))
+	}
+	if i > 0 && bytes.Compare(name, e.prev) <= 0 {
+		return errUnsorted
+	}
+	switch {
+	case v.Kind == Shared:
+		if !isKeyOrFreshBytes(v.Key, e.defKey) || v.Inline != nil {
+			return fmt.Errorf("manifest: shared file %q: key %q is not its content address", name, v.Key)
+		}
+	case v.Inline != nil:
+		if err := checkInline(v.Alg, v.Inline, e.sum[:]); err != nil {
+			return fmt.Errorf("manifest: private file %q: inline bytes: %w", name, err)
+		}
+	case !isKeyOrFreshBytes(v.Key, e.defKey):
+		return fmt.Errorf("manifest: private file %q: key %q is outside its checkpoint", name, v.Key)
+	case e.flags&fileKey != 0:
+		// A default private key repeats its (unique) name; a fresh one
+		// may equal another file's default key.
+		if e.privateKeys[string(v.Key)] {
+			return fmt.Errorf("manifest: private file %q: key %q names another file's object too", name, v.Key)
+		}
+		e.privateKeys[string(v.Key)] = true
+	default:
+		e.privateKeys[string(v.Key)] = true
+	}
+	return nil
 }
 
 // validFileNameBytes is ValidFileName of a name held as bytes, without an

@@ -294,7 +294,7 @@ func TestStreamWalkRefSeesWhatWalkRefSees(t *testing.T) {
 			_, _, err := WalkRef(ctx, s, m.Job, ref, fn)
 			return err
 		})
-		got, serr := keys(func(fn func(*FileView) error) error { return streamWalkRef(ctx, s, m.Job, ref, fn) })
+		got, serr := keys(func(fn func(*FileView) error) error { return StreamWalkRef(ctx, s, m.Job, ref, fn) })
 		if (werr == nil) != (serr == nil) {
 			t.Fatalf("WalkRef: %v\nstreamWalkRef: %v", werr, serr)
 		}

@@ -14,17 +14,17 @@ import (
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-// streamWalkRef is WalkRef for GC's live set: a format 2 manifest spelled
+// StreamWalkRef is WalkRef for GC's live set: a format 2 manifest spelled
 // as Encode spells it is walked as it arrives from storage, so that memory
 // holds neither the manifest nor its files (a manifest of 225,000 files
 // is 10 MB). The price is the order of the checks: fn sees files before
 // the checksum, which covers the whole body, is compared at the end, and
 // a manifest not in Encode's spelling, or with names out of order, is read
 // again and walked by WalkRef, fn seeing its first files twice. So fn must
-// be idempotent, and what it gathered must be dropped when streamWalkRef
+// be idempotent, and what it gathered must be dropped when StreamWalkRef
 // fails, as GC does: a failure stops the collection before anything is
 // deleted. Its errors are WalkRef's.
-func streamWalkRef(ctx context.Context, s storage.Store, job string, ref Ref, fn func(*FileView) error) error {
+func StreamWalkRef(ctx context.Context, s storage.Store, job string, ref Ref, fn func(*FileView) error) error {
 	key := ref.Key
 	if key == "" {
 		key = ManifestKeyOf(job, ref.Task, ref.Checkpoint, ref.Epoch)

@@ -16,6 +16,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/storage"
@@ -350,12 +351,12 @@ func TestNoFencedManifestIsEverListedOrRestored(t *testing.T) {
 			"slow takeover":      func(t *rapid.T) { m.slowTakeover(t, agent(t), task(t)) },
 			"retire from memory": func(t *rapid.T) { m.retire(agent(t), task(t)) },
 			"gc without grace": func(t *rapid.T) {
-				if _, err := manifests.GC(m.ctx, m.s, "job", manifests.GCOptions{Grace: 0}); err != nil {
+				if _, err := gc.Collect(m.ctx, m.s, "job", gc.Options{Grace: 0}); err != nil {
 					t.Fatal(err)
 				}
 			},
 			"gc with retention": func(t *rapid.T) {
-				if _, err := manifests.GC(m.ctx, m.s, "job", manifests.GCOptions{Retain: 2, Grace: time.Hour}); err != nil {
+				if _, err := gc.Collect(m.ctx, m.s, "job", gc.Options{Retain: 2, Grace: time.Hour}); err != nil {
 					t.Fatal(err)
 				}
 			},

@@ -18,6 +18,7 @@ import (
 
 	"pgregory.net/rapid"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -112,7 +113,7 @@ type writer struct {
 	format int // the manifest format the agent wrote when it began
 	st     storage.Store
 	res    *uploader.Result
-	hold   *manifests.Hold
+	hold   *gc.Hold
 	// checked is the step of its last look at storage (presence, marks):
 	// storage losing an object after that is not the writer's to see.
 	checked int
@@ -139,7 +140,7 @@ type model struct {
 	// presence confirms reused objects before commits, as the agent does;
 	// its bound is 0 here, so every check observes storage again.
 	presence *uploader.Presence
-	guard    *manifests.Guard
+	guard    *gc.Guard
 	writers  map[string]*writer // at most one in flight per task
 	gcDone   chan error         // a collection held at its delete
 	heldAt   time.Time          // storage's time when it was held
@@ -218,7 +219,7 @@ func (m *model) begin(task string, ids []int, budget int64) {
 	}
 	req := uploader.Request{Store: st, Job: job, Task: task, Checkpoint: n, Snapshot: sn, Confirmed: confirmed, Concurrency: 3, Presence: m.presence, Alg: alg}
 	res, err := uploader.Upload(m.ctx, req)
-	var hold *manifests.Hold
+	var hold *gc.Hold
 	if err == nil {
 		hold, err = uploader.AvoidMarked(m.ctx, req, res, m.guard)
 	}
@@ -259,9 +260,9 @@ func (m *model) commit(w *writer) {
 	if err != nil {
 		m.t.Fatalf("format %d: %v", w.format, err)
 	}
-	err = manifests.CommitHeld(m.ctx, w.st, mf, enc, w.hold)
+	err = gc.CommitHeld(m.ctx, w.st, mf, enc, w.hold)
 	if err != nil {
-		if _, crashing := w.st.(*failAfter); !crashing && !errors.Is(err, manifests.ErrStale) {
+		if _, crashing := w.st.(*failAfter); !crashing && !errors.Is(err, gc.ErrStale) {
 			m.t.Fatalf("commit without faults failed: %v", err)
 		}
 		m.local.Discard(w.task, w.n)
@@ -279,7 +280,7 @@ func (m *model) commit(w *writer) {
 }
 
 func (m *model) gc(retain int) {
-	if _, err := manifests.GC(m.ctx, m.store, job, manifests.GCOptions{Retain: retain, Grace: 0}); err != nil {
+	if _, err := gc.Collect(m.ctx, m.store, job, gc.Options{Retain: retain, Grace: 0}); err != nil {
 		m.t.Fatal(err)
 	}
 }
@@ -327,8 +328,8 @@ func TestInvariantsHoldOverRandomHistories(t *testing.T) {
 		fs, _ := file.New(filepath.Join(base, "store"))
 		st := &clocked{Store: fs, now: time.Now()}
 		local, _ := localrecovery.Open(filepath.Join(base, "local"), job)
-		guard := manifests.NewGuard(st, job)
-		guard.Now, guard.Delay = st.clock, manifests.GCMarkDelay
+		guard := gc.NewGuard(st, job)
+		guard.Now, guard.Delay = st.clock, gc.DefaultMarkDelay
 		m := &model{t: t, ctx: context.Background(), store: st, local: local, snaps: filepath.Join(base, "snaps"),
 			retain: rapid.IntRange(1, 3).Draw(t, "retain"), format: rapid.IntRange(1, 2).Draw(t, "format"), next: map[string]uint64{}, contents: map[int][]byte{},
 			presence: uploader.NewPresence(st, manifests.SharedPrefix(job), 0), guard: guard, writers: map[string]*writer{},
@@ -410,7 +411,7 @@ func TestInvariantsHoldOverRandomHistories(t *testing.T) {
 				st.mu.Unlock()
 				done := make(chan error, 1)
 				go func() {
-					_, err := manifests.GC(m.ctx, m.store, job, manifests.GCOptions{Grace: 0})
+					_, err := gc.Collect(m.ctx, m.store, job, gc.Options{Grace: 0})
 					done <- err
 				}()
 				select {
@@ -456,8 +457,8 @@ func TestInvariantsHoldOverRandomHistories(t *testing.T) {
 		m.check()
 		// Finally: two collections D apart leave exactly the live objects.
 		m.gc(0)
-		m.store.advance(manifests.GCMarkDelay)
-		rep, err := manifests.GC(m.ctx, m.store, job, manifests.GCOptions{Grace: 0})
+		m.store.advance(gc.DefaultMarkDelay)
+		rep, err := gc.Collect(m.ctx, m.store, job, gc.Options{Grace: 0})
 		if err != nil {
 			t.Fatal(err)
 		}

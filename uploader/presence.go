@@ -10,6 +10,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -299,13 +300,13 @@ func (p *Presence) statAll(ctx context.Context, objs []Object) ([]Finding, error
 const avoidRounds = 4
 
 // AvoidMarked makes sure the manifest of res names no object that a
-// collection has marked for deletion (see manifests.Guard). It looks at
+// collection has marked for deletion (see gc.Guard). It looks at
 // the marks; every object of res they name, reused or uploaded, is
 // uploaded again from the snapshot under a fresh key (manifests.FreshKey)
 // and counted as uploaded; then it looks again, until a look finds nothing
 // to replace. It returns that last look: the caller commits with
-// manifests.CommitHeld, within the look's validity.
-func AvoidMarked(ctx context.Context, req Request, res *Result, g *manifests.Guard) (*manifests.Hold, error) {
+// gc.CommitHeld, within the look's validity.
+func AvoidMarked(ctx context.Context, req Request, res *Result, g *gc.Guard) (*gc.Hold, error) {
 	for range avoidRounds {
 		hold, err := g.Check(ctx)
 		if err != nil {

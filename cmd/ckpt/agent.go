@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/statuspage"
 
 	"github.com/ckpt-io/ckpt/agent"
@@ -99,7 +100,7 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.IntVar(&o.maxConns, "max-connections", 256, "open client connections at once; beyond it new ones are refused as unavailable")
 	fs.DurationVar(&o.idleTimeout, "idle-timeout", 10*time.Minute, "close a connection that sent nothing and awaits no reply for this long (0: never)")
 	fs.IntVar(&o.retain, "retain", 2, "complete checkpoints kept per task (at least 1)")
-	fs.DurationVar(&o.grace, "gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it (at least "+manifests.MinGCGrace.String()+")")
+	fs.DurationVar(&o.grace, "gc-grace", time.Hour, "age an unreferenced object must reach before GC deletes it (at least "+gc.MinGrace.String()+")")
 	fs.DurationVar(&o.reuseMaxAge, "reuse-check-max-age", 0, "before a commit, every reused object must have been seen in storage with its size (listing or stat) at most this long ago (0: 5m, at most --gc-grace/4; at most --gc-grace/2)")
 	fs.Int64Var(&o.scrubRate, "scrub-rate", 0, "background scrub: re-read and re-hash the job's live objects at up to this many bytes/s, healing damaged ones from local copies (0: off)")
 	fs.DurationVar(&o.gcInterval, "gc-interval", time.Minute, "least time between two GC sweeps after checkpoints (negative: never)")
@@ -205,7 +206,7 @@ func (o *agentOptions) check(fs *flag.FlagSet) error {
 	if err := checkRetain(fs); err != nil {
 		return err
 	}
-	if err := manifests.CheckGCGrace("--gc-grace", o.grace); err != nil {
+	if err := gc.CheckGrace("--gc-grace", o.grace); err != nil {
 		return usageError{err}
 	}
 	if o.gcInterval == 0 {

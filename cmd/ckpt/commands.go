@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
 	"github.com/ckpt-io/ckpt/savepoint"
@@ -377,7 +378,7 @@ func runGC(ctx context.Context, args []string) error {
 	store := fs.String("storage", "", "storage URL")
 	job := fs.String("job", "", "job name")
 	retain := fs.Int("retain", 0, "first retire all but the newest N (at least 1) complete checkpoints of each task (not given: leave retention to the agents)")
-	grace := fs.Duration("grace", time.Hour, "age an unreferenced object (or a retirement) must reach before it is deleted (at least "+manifests.MinGCGrace.String()+")")
+	grace := fs.Duration("grace", time.Hour, "age an unreferenced object (or a retirement) must reach before it is deleted (at least "+gc.MinGrace.String()+")")
 	dry := fs.Bool("dry-run", false, "report what would be deleted, change nothing")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	if err := parse(fs, args, "storage", "job"); err != nil {
@@ -389,7 +390,7 @@ func runGC(ctx context.Context, args []string) error {
 	if err := checkRetain(fs); err != nil {
 		return err
 	}
-	if err := manifests.CheckGCGrace("--grace", *grace); err != nil {
+	if err := gc.CheckGrace("--grace", *grace); err != nil {
 		return usageError{err}
 	}
 	warnLoweredGraceFloor()
@@ -398,7 +399,7 @@ func runGC(ctx context.Context, args []string) error {
 		return err
 	}
 	defer st.Close()
-	rep, err := manifests.GC(ctx, st, *job, manifests.GCOptions{Retain: *retain, Grace: *grace, DryRun: *dry})
+	rep, err := gc.Collect(ctx, st, *job, gc.Options{Retain: *retain, Grace: *grace, DryRun: *dry})
 	if err != nil {
 		return err
 	}
@@ -423,7 +424,7 @@ func runGC(ctx context.Context, args []string) error {
 		}
 	}
 	fmt.Printf("%s %d objects (%d B); %s %d objects (%d B) for deletion by a collection at least %v later (%d marked earlier, pending); live: %d objects (%d B) in %d retained checkpoints\n",
-		verb, rep.DeletedObjects, rep.DeletedBytes, marked, rep.MarkedObjects, rep.MarkedBytes, manifests.MarkDelay(), rep.PendingObjects,
+		verb, rep.DeletedObjects, rep.DeletedBytes, marked, rep.MarkedObjects, rep.MarkedBytes, gc.MarkDelay(), rep.PendingObjects,
 		rep.LiveObjects, rep.LiveBytes, rep.RetainedCheckpoints)
 	return nil
 }
@@ -447,8 +448,8 @@ func checkRetain(fs *flag.FlagSet) error {
 // warnLoweredGraceFloor says on stderr when the test-only escape hatch has
 // lowered the GC grace floor.
 func warnLoweredGraceFloor() {
-	if floor, lowered, _ := manifests.GCGraceFloor(); lowered {
+	if floor, lowered, _ := gc.GraceFloor(); lowered {
 		fmt.Fprintf(os.Stderr, "warning: %s lowers the GC grace floor to %v; this is for tests only, and unsafe with uploads in flight\n",
-			manifests.UnsafeMinGCGraceEnv, floor)
+			gc.UnsafeMinGraceEnv, floor)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
@@ -88,7 +89,7 @@ func TestListShowsEverythingButAnUndecodableManifest(t *testing.T) {
 		t.Errorf("restore of another task: exit %d\n%s%s", code, out, errs)
 	}
 	// GC still stops before deleting anything.
-	t.Setenv(manifests.UnsafeMinGCGraceEnv, "0s")
+	t.Setenv(gc.UnsafeMinGraceEnv, "0s")
 	if code, _, errs := runCaptured(t, "gc", "--storage", url, "--job", "j", "--grace", "0s"); code != 1 || !strings.Contains(errs, "nothing deleted") {
 		t.Errorf("gc over an undecodable manifest: exit %d, want 1 and nothing deleted\n%s", code, errs)
 	}
@@ -124,7 +125,7 @@ func TestCommandsSayAMisspelledJobHoldsNothing(t *testing.T) {
 	url, s := storageDir(t)
 	commitManifest(t, s, "orders", "orders-0", 1, "a")
 	commitManifest(t, s, "payments", "payments-0", 1, "b")
-	t.Setenv(manifests.UnsafeMinGCGraceEnv, "0s")
+	t.Setenv(gc.UnsafeMinGraceEnv, "0s")
 	for _, c := range []struct {
 		args []string
 		code int

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/file"
 )
@@ -63,18 +63,18 @@ func TestGCRefusesAGraceBelowTheFloor(t *testing.T) {
 		if code != 2 {
 			t.Errorf("gc --grace %s: exit %d, want 2\n%s", grace, code, stderr)
 		}
-		for _, want := range []string{"--grace", manifests.MinGCGrace.String(), "in flight"} {
+		for _, want := range []string{"--grace", gc.MinGrace.String(), "in flight"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("gc --grace %s: the message does not say %q:\n%s", grace, want, stderr)
 			}
 		}
 	}
-	if code, _, stderr := runCaptured(t, "gc", "--storage", url, "--job", "j", "--grace", manifests.MinGCGrace.String()); code != 0 {
+	if code, _, stderr := runCaptured(t, "gc", "--storage", url, "--job", "j", "--grace", gc.MinGrace.String()); code != 0 {
 		t.Errorf("gc --grace at the floor: exit %d\n%s", code, stderr)
 	}
-	t.Setenv(manifests.UnsafeMinGCGraceEnv, "0s")
+	t.Setenv(gc.UnsafeMinGraceEnv, "0s")
 	if code, _, stderr := runCaptured(t, "gc", "--storage", url, "--job", "j", "--grace", "0s"); code != 0 {
-		t.Errorf("gc --grace 0s with %s=0s: exit %d\n%s", manifests.UnsafeMinGCGraceEnv, code, stderr)
+		t.Errorf("gc --grace 0s with %s=0s: exit %d\n%s", gc.UnsafeMinGraceEnv, code, stderr)
 	}
 }
 
@@ -87,8 +87,8 @@ func TestAgentRefusesUnsafeGCSettings(t *testing.T) {
 		args []string
 		want []string
 	}{
-		{[]string{"--gc-grace", "0s"}, []string{"--gc-grace", manifests.MinGCGrace.String(), "in flight"}},
-		{[]string{"--gc-grace", "5m"}, []string{"--gc-grace", manifests.MinGCGrace.String()}},
+		{[]string{"--gc-grace", "0s"}, []string{"--gc-grace", gc.MinGrace.String(), "in flight"}},
+		{[]string{"--gc-grace", "5m"}, []string{"--gc-grace", gc.MinGrace.String()}},
 		{[]string{"--gc-interval", "0s"}, []string{"--gc-interval", "negative"}},
 		{[]string{"--retain", "0"}, []string{"--retain", "at least 1"}},
 		{[]string{"--retain", "-1"}, []string{"--retain", "at least 1"}},

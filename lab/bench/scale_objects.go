@@ -25,6 +25,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/ckpt-io/ckpt/gc"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
@@ -156,7 +157,7 @@ func (r *run) scaleObjects(ctx context.Context, n int) (*ScaleObjects, error) {
 	common := []string{"--storage", storageURL, "--job", job, "--json"}
 	// GC marks the garbage in one collection and deletes it in the next
 	// (the mark delay is lowered to 0 for the bench, as tests do).
-	gcEnv := []string{manifests.UnsafeGCMarkDelayEnv + "=0s"}
+	gcEnv := []string{gc.UnsafeMarkDelayEnv + "=0s"}
 	for _, c := range []struct {
 		name string
 		args []string
@@ -210,7 +211,7 @@ func (r *run) scaleAgent(ctx context.Context, st storage.Store, n int, job strin
 	defer os.RemoveAll(src)
 	buf := make([]byte, 4096)
 	rng := rand.NewChaCha8([32]byte{'a', byte(n), byte(n >> 8), byte(n >> 16)})
-	clock := manifests.GCPrefix(job) + "clock"
+	clock := gc.Prefix(job) + "clock"
 	var done time.Time
 	for k := 1; k <= 2; k++ {
 		dir := filepath.Join(src, fmt.Sprintf("snap-%d", k))
@@ -292,16 +293,16 @@ func checkScaleResults(fig *ScaleObjects) error {
 				return fmt.Errorf("ckpt verify: ok %v, %d objects read (%v), want ok and %d", out.OK, out.Objects, err, fig.Live)
 			}
 		case "gc (marks)", "gc (deletes)":
-			var out manifests.GCReport
+			var out gc.Report
 			if err := json.Unmarshal(c.Result, &out); err != nil {
 				return fmt.Errorf("ckpt %s: %w", c.Name, err)
 			}
-			want := manifests.GCReport{LiveObjects: fig.Live, MarkedObjects: fig.Garbage}
+			want := gc.Report{LiveObjects: fig.Live, MarkedObjects: fig.Garbage}
 			if c.Name == "gc (deletes)" {
 				// A collection sends deletes for at most 5 minutes after it
 				// takes the lock; what it could not delete is pending for
 				// the next one.
-				want = manifests.GCReport{LiveObjects: fig.Live, DeletedObjects: fig.Garbage - out.PendingObjects}
+				want = gc.Report{LiveObjects: fig.Live, DeletedObjects: fig.Garbage - out.PendingObjects}
 			}
 			if out.LiveObjects != want.LiveObjects || out.MarkedObjects != want.MarkedObjects || out.DeletedObjects != want.DeletedObjects ||
 				(c.Name == "gc (deletes)" && out.DeletedObjects == 0) {

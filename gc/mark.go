@@ -1,4 +1,4 @@
-package manifests
+package gc
 
 import (
 	"bytes"
@@ -16,25 +16,26 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-// GCMarkDelay is D, the least time (by storage's clock) between a
+// DefaultMarkDelay is D, the least time (by storage's clock) between a
 // collection marking an object for deletion and a later collection deleting
 // it. Writers commit within D/2 of their last look at the marks (see Guard).
 // Every agent and `ckpt gc` of a job must use the same D; only tests lower
-// it, with UnsafeGCMarkDelayEnv.
-const GCMarkDelay = 10 * time.Minute
+// it, with UnsafeMarkDelayEnv.
+const DefaultMarkDelay = 10 * time.Minute
 
-// UnsafeGCMarkDelayEnv names the environment variable that lowers
-// GCMarkDelay (a Go duration such as "0s"), for tests only: it must be the
+// UnsafeMarkDelayEnv names the environment variable that lowers
+// DefaultMarkDelay (a Go duration such as "0s"), for tests only: it must be the
 // same for every writer and collector of the job, and a D shorter than
 // twice the longest storage request makes the deferred deletion unsafe.
-const UnsafeGCMarkDelayEnv = "CKPT_UNSAFE_GC_MARK_DELAY"
+const UnsafeMarkDelayEnv = "CKPT_UNSAFE_GC_MARK_DELAY"
 
-// MarkDelay returns D in effect: GCMarkDelay, or less when
-// UnsafeGCMarkDelayEnv lowers it.
-func MarkDelay() time.Duration { return lowered(UnsafeGCMarkDelayEnv, GCMarkDelay) }
+// MarkDelay returns D in effect: DefaultMarkDelay, or less when
+// UnsafeMarkDelayEnv lowers it.
+func MarkDelay() time.Duration { return lowered(UnsafeMarkDelayEnv, DefaultMarkDelay) }
 
 // gcLockHold is how long a collection that took the deletion lock may go
 // on sending deletes (by its own clock, from the moment it asked for the
@@ -46,16 +47,16 @@ const (
 	gcLockExpiry = 7 * time.Minute
 )
 
-// UnsafeGCLockExpiryEnv names the environment variable that lowers
+// UnsafeLockExpiryEnv names the environment variable that lowers
 // gcLockExpiry (a Go duration), for tests only: a test that kills a
 // collection while it holds the lock lets the next collection take it
 // over at once instead of seven minutes later. With a real second
 // collection still deleting, a lowered expiry is unsafe.
-const UnsafeGCLockExpiryEnv = "CKPT_UNSAFE_GC_LOCK_EXPIRY"
+const UnsafeLockExpiryEnv = "CKPT_UNSAFE_GC_LOCK_EXPIRY"
 
-// lockExpiry returns gcLockExpiry, or less when UnsafeGCLockExpiryEnv
+// lockExpiry returns gcLockExpiry, or less when UnsafeLockExpiryEnv
 // lowers it.
-func lockExpiry() time.Duration { return lowered(UnsafeGCLockExpiryEnv, gcLockExpiry) }
+func lockExpiry() time.Duration { return lowered(UnsafeLockExpiryEnv, gcLockExpiry) }
 
 // lowered returns the duration the test-only environment variable env
 // gives, when it is one below def; def otherwise.
@@ -71,12 +72,12 @@ func lowered(env string, def time.Duration) time.Duration {
 // markBatch bounds the candidates one mark object names.
 const markBatch = 10000
 
-// GCPrefix is where collections keep their marks, lock and clock probe.
-func GCPrefix(job string) string { return job + "/gc/" }
+// Prefix is where collections keep their marks, lock and clock probe.
+func Prefix(job string) string { return job + "/gc/" }
 
-func marksPrefix(job string) string { return GCPrefix(job) + "marks/" }
-func lockPrefix(job string) string  { return GCPrefix(job) + "lock/" }
-func clockKey(job string) string    { return GCPrefix(job) + "clock" }
+func marksPrefix(job string) string { return Prefix(job) + "marks/" }
+func lockPrefix(job string) string  { return Prefix(job) + "lock/" }
+func clockKey(job string) string    { return Prefix(job) + "clock" }
 
 // mark is the stored form of a mark: the objects one collection found
 // unreferenced and older than its grace, which a later collection deletes
@@ -187,12 +188,12 @@ func readMark(ctx context.Context, s storage.Store, o storage.ObjectInfo) (store
 		return m, fmt.Errorf("read gc mark: %w", err)
 	}
 	defer rc.Close()
-	data, err := io.ReadAll(io.LimitReader(rc, MaxManifestBytes+1))
+	data, err := io.ReadAll(io.LimitReader(rc, manifests.MaxManifestBytes+1))
 	if err != nil {
 		return m, fmt.Errorf("read gc mark %s: %w", o.Key, err)
 	}
 	var body mark
-	if json.Unmarshal(data, &body) != nil || body.Format != 1 || len(data) > MaxManifestBytes {
+	if json.Unmarshal(data, &body) != nil || body.Format != 1 || len(data) > manifests.MaxManifestBytes {
 		return m, nil // unreadable: nothing is deleted for it
 	}
 	m.delay = body.Delay
@@ -228,28 +229,6 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
-}
-
-// freshSuffixLen is the length of the random suffix of a fresh key.
-const freshSuffixLen = 16
-
-// FreshKey returns key with a random suffix: a new object for bytes whose
-// usual key is marked for deletion. Manifests accept it for their files
-// (see Validate); GC treats it as any other object.
-func FreshKey(key string) string { return key + "." + randomHex(freshSuffixLen/2) }
-
-// isKeyOrFresh reports whether key is want or FreshKey(want).
-func isKeyOrFresh(key, want string) bool {
-	if key == want {
-		return true
-	}
-	rest, ok := strings.CutPrefix(key, want+".")
-	return ok && len(rest) == freshSuffixLen && validHex(rest)
-}
-
-func validHex(s string) bool {
-	_, err := hex.DecodeString(s)
-	return err == nil && strings.ToLower(s) == s
 }
 
 // storageNow reads storage's clock: it writes the job's clock probe and
@@ -367,7 +346,7 @@ func (h *Hold) Pending(key string) bool { return h.pending.has(key) }
 func (h *Hold) Expired() bool { return h.g.Now().Sub(h.at) > h.g.Delay/2 }
 
 // Conflicts returns the object keys of m marked for deletion in h.
-func (h *Hold) Conflicts(m *Manifest) []string {
+func (h *Hold) Conflicts(m *manifests.Manifest) []string {
 	var out []string
 	for _, f := range m.Files {
 		if f.Key != "" && h.pending.has(f.Key) {
@@ -388,12 +367,12 @@ var ErrStale = errors.New("too long since the writer looked at GC's marks")
 // only within Delay/2 of that look; later, it commits nothing and returns
 // an error wrapping ErrStale. (Looking again would not do: a collection
 // removes a mark once it deleted the mark's objects.)
-func CommitHeld(ctx context.Context, s storage.Store, m *Manifest, encoded []byte, hold *Hold) error {
+func CommitHeld(ctx context.Context, s storage.Store, m *manifests.Manifest, encoded []byte, hold *Hold) error {
 	if c := hold.Conflicts(m); len(c) > 0 {
 		return fmt.Errorf("commit %s checkpoint %d: %s: %w", m.Task, m.Checkpoint, c[0], ErrMarked)
 	}
 	if hold.Expired() {
 		return fmt.Errorf("commit %s checkpoint %d: %v passed since: %w", m.Task, m.Checkpoint, hold.g.Now().Sub(hold.at).Round(time.Millisecond), ErrStale)
 	}
-	return Commit(ctx, s, m, encoded)
+	return manifests.Commit(ctx, s, m, encoded)
 }

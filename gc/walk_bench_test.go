@@ -1,20 +1,22 @@
-package manifests
+package gc
 
 import (
 	"fmt"
 	"testing"
+
+	"github.com/ckpt-io/ckpt/manifests"
 )
 
 // largeManifest is a format 2 manifest of n shared files, as ckpt writes
 // them (sorted names, BLAKE3 ids).
 func largeManifest(b *testing.B, n int) []byte {
 	b.Helper()
-	m := &Manifest{Job: "job", Task: "t", Checkpoint: 1}
+	m := &manifests.Manifest{Job: "job", Task: "t", Checkpoint: 1}
 	for i := range n {
 		name := fmt.Sprintf("%07d.sst", i)
-		f := File{Name: name, Kind: Shared, Size: int64(4096 + i)}
-		f.SetDigest(SumBytes(BLAKE3, []byte(name)))
-		f.Key = SharedKey(m.Job, f.Digest(), f.Size)
+		f := manifests.File{Name: name, Kind: manifests.Shared, Size: int64(4096 + i)}
+		f.SetDigest(manifests.SumBytes(manifests.BLAKE3, []byte(name)))
+		f.Key = manifests.SharedKey(m.Job, f.Digest(), f.Size)
 		m.Files = append(m.Files, f)
 		m.FullSize += f.Size
 	}
@@ -33,7 +35,7 @@ func BenchmarkReadKeys(b *testing.B) {
 	b.Run("decode", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			m, err := Decode(enc)
+			m, err := manifests.Decode(enc)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -47,7 +49,7 @@ func BenchmarkReadKeys(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			live := newLiveSet()
-			if _, _, err := Walk(enc, func(f *FileView) error { live.add(f.Key); return nil }); err != nil {
+			if _, _, err := manifests.Walk(enc, func(f *manifests.FileView) error { live.add(f.Key); return nil }); err != nil {
 				b.Fatal(err)
 			}
 		}

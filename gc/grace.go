@@ -1,4 +1,4 @@
-package manifests
+package gc
 
 import (
 	"fmt"
@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// MinGCGrace is the least GC grace period that `ckpt gc --grace` and
+// MinGrace is the least GC grace period that `ckpt gc --grace` and
 // `ckpt agent --gc-grace` accept.
 //
 // The grace is all that stands between GC and an upload in flight: GC
@@ -25,38 +25,38 @@ import (
 // an agent lets run by default (its checkpoint timeout) plus the skew; the
 // default grace, 1h, leaves a wide margin.
 //
-// Tests that need short graces lower the floor with UnsafeMinGCGraceEnv.
-const MinGCGrace = 10 * time.Minute
+// Tests that need short graces lower the floor with UnsafeMinGraceEnv.
+const MinGrace = 10 * time.Minute
 
-// UnsafeMinGCGraceEnv names the environment variable that lowers
-// MinGCGrace to its value (a Go duration such as "0s"). It exists for tests,
+// UnsafeMinGraceEnv names the environment variable that lowers
+// MinGrace to its value (a Go duration such as "0s"). It exists for tests,
 // which exercise GC in seconds on storage that nothing else writes to; it
-// is unsafe anywhere else, for the reason MinGCGrace gives. It can only
+// is unsafe anywhere else, for the reason MinGrace gives. It can only
 // lower the floor.
-const UnsafeMinGCGraceEnv = "CKPT_UNSAFE_MIN_GC_GRACE"
+const UnsafeMinGraceEnv = "CKPT_UNSAFE_MIN_GC_GRACE"
 
-// GCGraceFloor returns the floor in effect: MinGCGrace, or less when
-// UnsafeMinGCGraceEnv lowers it (then lowered is true).
-func GCGraceFloor() (floor time.Duration, lowered bool, err error) {
-	v := os.Getenv(UnsafeMinGCGraceEnv)
+// GraceFloor returns the floor in effect: MinGrace, or less when
+// UnsafeMinGraceEnv lowers it (then lowered is true).
+func GraceFloor() (floor time.Duration, lowered bool, err error) {
+	v := os.Getenv(UnsafeMinGraceEnv)
 	if v == "" {
-		return MinGCGrace, false, nil
+		return MinGrace, false, nil
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil || d < 0 {
-		return 0, false, fmt.Errorf("%s=%q: want a duration such as 0s or 1m", UnsafeMinGCGraceEnv, v)
+		return 0, false, fmt.Errorf("%s=%q: want a duration such as 0s or 1m", UnsafeMinGraceEnv, v)
 	}
-	if d >= MinGCGrace {
-		return MinGCGrace, false, nil
+	if d >= MinGrace {
+		return MinGrace, false, nil
 	}
 	return d, true, nil
 }
 
-// CheckGCGrace refuses a grace below the floor (GCGraceFloor), with an
+// CheckGrace refuses a grace below the floor (GraceFloor), with an
 // error that names option (the flag or setting it came from), the floor
 // and why.
-func CheckGCGrace(option string, grace time.Duration) error {
-	floor, _, err := GCGraceFloor()
+func CheckGrace(option string, grace time.Duration) error {
+	floor, _, err := GraceFloor()
 	if err != nil {
 		return err
 	}

@@ -1,4 +1,4 @@
-package manifests
+package gc
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
@@ -63,16 +64,16 @@ func TestGCSweepsWhileItLists(t *testing.T) {
 	garbage := 2*deleteBatch + 5
 	for i := range garbage {
 		b := []byte(fmt.Sprintf("orphan %d", i))
-		put(t, s, SharedKey("job", sha(b), int64(len(b))), b)
+		put(t, s, manifests.SharedKey("job", sha(b), int64(len(b))), b)
 	}
 	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
-	opts := GCOptions{Grace: time.Hour, Now: later, MarkDelay: time.Nanosecond}
-	rep, err := GC(ctx, s, "job", opts)
+	opts := Options{Grace: time.Hour, Now: later, MarkDelay: time.Nanosecond}
+	rep, err := Collect(ctx, s, "job", opts)
 	if err != nil || rep.MarkedObjects != garbage || rep.DeletedObjects != 0 || rep.LiveObjects != 2 {
 		t.Fatalf("first collection: %+v %v", rep, err)
 	}
 	s.holdListing.Store(true)
-	rep, err = GC(ctx, s, "job", opts)
+	rep, err = Collect(ctx, s, "job", opts)
 	if err != nil || rep.DeletedObjects != garbage || rep.LiveObjects != 2 {
 		t.Fatalf("second collection: %+v %v", rep, err)
 	}
@@ -80,26 +81,12 @@ func TestGCSweepsWhileItLists(t *testing.T) {
 		t.Fatalf("%d batches deleted while listing (%d after): the sweep waits for the whole listing", n, s.deletesOutside.Load())
 	}
 	left := 0
-	s.Store.List(ctx, SharedPrefix("job"), func(storage.ObjectInfo) error { left++; return nil })
+	s.Store.List(ctx, manifests.SharedPrefix("job"), func(storage.ObjectInfo) error { left++; return nil })
 	if left != 2 {
 		t.Fatalf("%d shared objects left, want the 2 live ones", left)
 	}
-	if _, err := Load(ctx, s, "job", "t", 1); err != nil {
+	if _, err := manifests.Load(ctx, s, "job", "t", 1); err != nil {
 		t.Fatal(err)
-	}
-}
-
-func TestReadSizedReadsWhateverTheHintSays(t *testing.T) {
-	body := strings.Repeat("manifest bytes ", 1000)
-	for _, hint := range []int64{0, -1, 10, int64(len(body)), int64(len(body)) + 5, 1 << 30} {
-		got, err := readSized(strings.NewReader(body), hint, int64(len(body))+1)
-		if err != nil || string(got) != body {
-			t.Errorf("hint %d: %d bytes, %v", hint, len(got), err)
-		}
-	}
-	got, err := readSized(strings.NewReader(body), int64(len(body)), 100)
-	if err != nil || len(got) != 100 {
-		t.Errorf("limit 100: %d bytes, %v", len(got), err)
 	}
 }
 
@@ -129,15 +116,15 @@ func TestGCStopsOnAFailedDeleteAndKeepsItsMarks(t *testing.T) {
 	garbage := 5*deleteBatch + 5
 	for i := range garbage {
 		b := []byte(fmt.Sprintf("orphan %d", i))
-		put(t, s, SharedKey("job", sha(b), int64(len(b))), b)
+		put(t, s, manifests.SharedKey("job", sha(b), int64(len(b))), b)
 	}
 	later := func() time.Time { return time.Now().Add(2 * time.Hour) }
-	opts := GCOptions{Grace: time.Hour, Now: later, MarkDelay: time.Nanosecond}
-	if rep, err := GC(ctx, s, "job", opts); err != nil || rep.MarkedObjects != garbage {
+	opts := Options{Grace: time.Hour, Now: later, MarkDelay: time.Nanosecond}
+	if rep, err := Collect(ctx, s, "job", opts); err != nil || rep.MarkedObjects != garbage {
 		t.Fatalf("first collection: %+v %v", rep, err)
 	}
 	s.ok.Store(2)
-	if _, err := GC(ctx, s, "job", opts); err == nil || !strings.Contains(err.Error(), "injected delete failure") {
+	if _, err := Collect(ctx, s, "job", opts); err == nil || !strings.Contains(err.Error(), "injected delete failure") {
 		t.Fatalf("a failed delete: %v", err)
 	}
 	marks := 0
@@ -146,12 +133,12 @@ func TestGCStopsOnAFailedDeleteAndKeepsItsMarks(t *testing.T) {
 		t.Fatal("the marks went with a collection that did not delete every candidate")
 	}
 	s.ok.Store(1 << 30)
-	rep, err := GC(ctx, s, "job", opts)
+	rep, err := Collect(ctx, s, "job", opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	left := 0
-	base.List(ctx, SharedPrefix("job"), func(storage.ObjectInfo) error { left++; return nil })
+	base.List(ctx, manifests.SharedPrefix("job"), func(storage.ObjectInfo) error { left++; return nil })
 	if left != 1 {
 		t.Fatalf("%d shared objects left after the next collection (%+v), want the live one", left, rep)
 	}

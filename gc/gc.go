@@ -1,3 +1,7 @@
+// Package gc collects a job's garbage: what no retained manifest of the
+// job names, marked by one collection and deleted by a later one, and the
+// writers' side of that protocol (Guard, CommitHeld).
+//
 // # Garbage collection with many writers
 //
 // GC deletes an object only in a second collection, after marking it in a
@@ -10,7 +14,7 @@
 // object referenced by a manifest committed after a collection started is
 // deleted by that collection.
 //
-// What each party does (D = GCMarkDelay, 10m; W = D/2):
+// What each party does (D = DefaultMarkDelay, 10m; W = D/2):
 //
 //   - A collection reads storage's clock first (it writes <job>/gc/clock
 //     and takes its time, t0), reads the marks under <job>/gc/marks/, then
@@ -72,7 +76,7 @@
 // Time bounds: D = 10m; writers commit within W = 5m of their last look;
 // deletes are sent within 5m of taking the lock; the lock expires after
 // 7m. The proof needs q + p <= D - W = 5m (storage requests time out far
-// sooner), and the grace (>= MinGCGrace) still keeps uploads in flight
+// sooner), and the grace (>= MinGrace) still keeps uploads in flight
 // from being marked at all.
 //
 // Clock assumptions: ages and ripeness compare only times written by
@@ -91,7 +95,7 @@
 // collection would delete now (candidates of ripe marks) and what it would
 // mark, and writes nothing (not even the clock probe: it uses its own
 // clock).
-package manifests
+package gc
 
 import (
 	"context"
@@ -105,11 +109,12 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/ckpt-io/ckpt/internal/failpoint"
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 )
 
-// GCOptions tunes a collection.
-type GCOptions struct {
+// Options tunes a collection.
+type Options struct {
 	// Retain, when > 0, first retires all but the newest Retain complete
 	// checkpoints of every task. Zero leaves retention alone.
 	Retain int
@@ -129,8 +134,8 @@ type GCOptions struct {
 	Now func() time.Time
 }
 
-// GCReport says what a collection found and did.
-type GCReport struct {
+// Report says what a collection found and did.
+type Report struct {
 	DeletedObjects      int      `json:"deleted_objects"`
 	DeletedBytes        int64    `json:"deleted_bytes"`
 	LiveObjects         int      `json:"live_objects"`
@@ -152,7 +157,7 @@ type GCReport struct {
 // variable only so that tests can lower it.
 var deleteBatch = 1000
 
-// GC collects a job's garbage. The live set is derived from storage alone:
+// Collect collects a job's garbage. The live set is derived from storage alone:
 // every object referenced by a retained manifest, or by a manifest retired
 // less than Grace ago, is live. Everything else under the job's shared and
 // private prefixes that is older than Grace is garbage: objects of retired
@@ -168,8 +173,8 @@ var deleteBatch = 1000
 // after the listing, each batch is re-checked with Stat right before it is
 // deleted, so that an object refreshed by a re-upload in the meantime is
 // kept.
-func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCReport, error) {
-	var rep GCReport
+func Collect(ctx context.Context, s storage.Store, job string, opts Options) (Report, error) {
+	var rep Report
 	rep.DryRun = opts.DryRun
 	delay := opts.MarkDelay
 	if delay == 0 {
@@ -208,86 +213,19 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 	}
 	deleting := lock != "" || opts.DryRun
 
-	cat, err := Scan(ctx, s, job, "")
+	cat, err := manifests.Scan(ctx, s, job, "")
 	if err != nil {
 		return rep, err
 	}
 	if opts.Retain > 0 {
-		tasks := map[string]bool{}
-		for _, r := range cat.Refs {
-			tasks[r.Task] = true
-		}
-		// Every task keeps its newest job-complete checkpoint (and so GC
-		// keeps its objects), whatever Retain says.
-		jobs := NewJobReader(s, cat)
-		for task := range tasks {
-			refs := cat.Retained(task)
-			_, retire := Retention(refs, opts.Retain)
-			if len(retire) > 0 {
-				protect, err := jobs.NewestComplete(ctx, task)
-				if err != nil {
-					return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
-				}
-				keep, err := jobs.pending(ctx, refs, protect, start)
-				if err != nil {
-					return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
-				}
-				_, retire = Retention(refs, opts.Retain, append(keep, protect)...)
-			}
-			for _, old := range retire {
-				if !opts.DryRun {
-					// In the name of the task's newest owner as listed:
-					// a takeover since the scan overrules it (markerCounts).
-					epoch := cat.Owners[task].Latest()
-					if err := RetireAt(ctx, s, job, task, old.Checkpoint, epoch); err != nil {
-						return rep, err
-					}
-					k := taskN{task, old.Checkpoint}
-					cat.markers[k] = append(cat.markers[k], RetiredKeyOf(job, task, old.Checkpoint, epoch))
-				}
-				for j := range cat.Refs {
-					if cat.Refs[j].Task == task && cat.Refs[j].Checkpoint == old.Checkpoint {
-						cat.Refs[j].Retired, cat.Refs[j].RetiredAt = true, start
-					}
-				}
-			}
+		if err := gcRetire(ctx, s, job, cat, opts, start); err != nil {
+			return rep, err
 		}
 	}
-
-	// The live set: objects of retained manifests and of recent retirements,
-	// all listed after storage's clock was read (start). Manifests are read
-	// one at a time; only the hashes of their keys are kept.
-	live := newLiveSet()
-	var expired []Ref
-	for _, r := range cat.Refs {
-		if r.Retired && start.Sub(r.RetiredAt) >= opts.Grace {
-			expired = append(expired, r)
-			rep.RetiredCheckpoints++
-			continue
-		}
-		if r.Retired {
-			rep.RetiredCheckpoints++
-		} else {
-			rep.RetainedCheckpoints++
-		}
-		// Streamed as it arrives: memory holds neither the manifest nor
-		// its decoded files. A manifest that fails its checks after some
-		// keys were added stops the collection: nothing is deleted, so
-		// the extra keys cannot matter (see streamWalkRef).
-		err := streamWalkRef(ctx, s, job, r, func(f *FileView) error {
-			if len(f.Key) > 0 {
-				live.add(f.Key)
-			}
-			return nil
-		})
-		if err != nil {
-			if errors.Is(err, storage.ErrNotFound) {
-				continue // deleted since the scan: a concurrent GC retired it
-			}
-			return rep, fmt.Errorf("gc of job %s stopped, nothing deleted: %w (fix or remove that manifest)", job, err)
-		}
+	live, expired, err := gcLive(ctx, s, job, cat, opts.Grace, start, &rep)
+	if err != nil {
+		return rep, err
 	}
-
 	// Marks: ripe ones (at least D old by storage's clock) are processed by
 	// the lock holder; the candidates of the others are pending.
 	pending, ripeKeys := markedSet{}, markedSet{}
@@ -300,34 +238,8 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 		pending.join(m.keys)
 	}
-
-	// Manifests of expired retirements go first, then their markers and stray
-	// markers, then unreferenced objects: a crash in between leaves only
-	// orphans, never a manifest pointing at deleted objects.
-	// Fenced manifests (owner.go) stay fenced forever: nothing keeps their
-	// objects alive, and they go with the expired ones.
-	var meta []string
-	for _, r := range expired {
-		meta = append(meta, r.Key)
-	}
-	for _, r := range cat.Fenced {
-		meta = append(meta, r.Key)
-	}
-	if !opts.DryRun && len(meta) > 0 {
-		if err := s.Delete(ctx, meta...); err != nil {
-			return rep, fmt.Errorf("gc: delete retired manifests: %w", err)
-		}
-	}
-	rep.DeletedManifests = len(meta)
-	var markers []string
-	for _, r := range expired {
-		markers = append(markers, cat.MarkerKeys(r.Task, r.Checkpoint)...)
-	}
-	markers = append(markers, cat.StrayMarkers...)
-	if !opts.DryRun && len(markers) > 0 {
-		if err := s.Delete(ctx, markers...); err != nil {
-			return rep, fmt.Errorf("gc: delete retirement markers: %w", err)
-		}
+	if err := gcDeleteExpired(ctx, s, cat, expired, opts.DryRun, &rep); err != nil {
+		return rep, err
 	}
 	failpoint.Hit(failpoint.MidGC) // expired manifests and markers deleted, their objects not yet
 
@@ -353,24 +265,7 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		}
 		return nil
 	}
-	if err := s.List(ctx, SharedPrefix(job), consider); err != nil {
-		var se *sweepError
-		if errors.As(err, &se) {
-			return rep, se.err
-		}
-		return rep, fmt.Errorf("gc: list shared objects: %w", err)
-	}
-	private := make([]storage.ObjectInfo, 0, len(cat.Private))
-	for _, o := range cat.Private {
-		private = append(private, o)
-	}
-	sort.Slice(private, func(i, j int) bool { return private[i].Key < private[j].Key })
-	for _, o := range private {
-		if err := consider(o); err != nil {
-			return rep, err
-		}
-	}
-	if err := sw.flush(ctx); err != nil {
+	if err := gcSweep(ctx, s, job, cat, sw, consider); err != nil {
 		return rep, err
 	}
 	// Every candidate of the ripe marks is deleted, live again, young again
@@ -389,6 +284,146 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 		rep.IncompleteUploads = n
 	}
 	return rep, nil
+}
+
+// gcRetire retires, for GC's Retain, each task's checkpoints beyond the
+// opts.Retain newest, in the name of the task's newest owner, and notes
+// the retirements in cat (at start). Every task keeps its newest
+// job-complete checkpoint (and so GC keeps its objects), whatever Retain
+// says.
+func gcRetire(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, opts Options, start time.Time) error {
+	tasks := map[string]bool{}
+	for _, r := range cat.Refs {
+		tasks[r.Task] = true
+	}
+	jobs := manifests.NewJobReader(s, cat)
+	for task := range tasks {
+		refs := cat.Retained(task)
+		_, retire := manifests.Retention(refs, opts.Retain)
+		if len(retire) > 0 {
+			protect, err := jobs.NewestComplete(ctx, task)
+			if err != nil {
+				return fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
+			}
+			keep, err := jobs.PendingRefs(ctx, refs, protect, start)
+			if err != nil {
+				return fmt.Errorf("gc of job %s stopped, nothing deleted: job completeness: %w", job, err)
+			}
+			_, retire = manifests.Retention(refs, opts.Retain, append(keep, protect)...)
+		}
+		for _, old := range retire {
+			if !opts.DryRun {
+				// In the name of the task's newest owner as listed:
+				// a takeover since the scan overrules it (markerCounts).
+				epoch := cat.Owners[task].Latest()
+				if err := manifests.RetireAt(ctx, s, job, task, old.Checkpoint, epoch); err != nil {
+					return err
+				}
+				cat.AddMarker(task, old.Checkpoint, manifests.RetiredKeyOf(job, task, old.Checkpoint, epoch))
+			}
+			for j := range cat.Refs {
+				if cat.Refs[j].Task == task && cat.Refs[j].Checkpoint == old.Checkpoint {
+					cat.Refs[j].Retired, cat.Refs[j].RetiredAt = true, start
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// gcLive returns the live set: objects of retained manifests and of
+// recent retirements, all listed after storage's clock was read (start),
+// and the manifests whose retirement is older than grace (expired).
+// Manifests are read one at a time; only the hashes of their keys are
+// kept.
+func gcLive(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, grace time.Duration, start time.Time, rep *Report) (*liveSet, []manifests.Ref, error) {
+	live := newLiveSet()
+	var expired []manifests.Ref
+	for _, r := range cat.Refs {
+		if r.Retired && start.Sub(r.RetiredAt) >= grace {
+			expired = append(expired, r)
+			rep.RetiredCheckpoints++
+			continue
+		}
+		if r.Retired {
+			rep.RetiredCheckpoints++
+		} else {
+			rep.RetainedCheckpoints++
+		}
+		// Streamed as it arrives: memory holds neither the manifest nor
+		// its decoded files. A manifest that fails its checks after some
+		// keys were added stops the collection: nothing is deleted, so
+		// the extra keys cannot matter (see StreamWalkRef).
+		err := manifests.StreamWalkRef(ctx, s, job, r, func(f *manifests.FileView) error {
+			if len(f.Key) > 0 {
+				live.add(f.Key)
+			}
+			return nil
+		})
+		if err != nil {
+			if errors.Is(err, storage.ErrNotFound) {
+				continue // deleted since the scan: a concurrent GC retired it
+			}
+			return nil, nil, fmt.Errorf("gc of job %s stopped, nothing deleted: %w (fix or remove that manifest)", job, err)
+		}
+	}
+	return live, expired, nil
+}
+
+// gcDeleteExpired deletes the manifests of expired retirements first, then
+// their markers and stray markers (unreferenced objects go later, in the
+// sweep): a crash in between leaves only orphans, never a manifest
+// pointing at deleted objects. Fenced manifests (owner.go) stay fenced
+// forever: nothing keeps their objects alive, and they go with the
+// expired ones.
+func gcDeleteExpired(ctx context.Context, s storage.Store, cat *manifests.Catalog, expired []manifests.Ref, dryRun bool, rep *Report) error {
+	var meta []string
+	for _, r := range expired {
+		meta = append(meta, r.Key)
+	}
+	for _, r := range cat.Fenced {
+		meta = append(meta, r.Key)
+	}
+	if !dryRun && len(meta) > 0 {
+		if err := s.Delete(ctx, meta...); err != nil {
+			return fmt.Errorf("gc: delete retired manifests: %w", err)
+		}
+	}
+	rep.DeletedManifests = len(meta)
+	var markers []string
+	for _, r := range expired {
+		markers = append(markers, cat.MarkerKeys(r.Task, r.Checkpoint)...)
+	}
+	markers = append(markers, cat.StrayMarkers...)
+	if !dryRun && len(markers) > 0 {
+		if err := s.Delete(ctx, markers...); err != nil {
+			return fmt.Errorf("gc: delete retirement markers: %w", err)
+		}
+	}
+	return nil
+}
+
+// gcSweep hands consider every shared object as listed, then the
+// private objects the scan found, in key order, and flushes the sweep.
+func gcSweep(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, sw *sweep, consider func(storage.ObjectInfo) error) error {
+	if err := s.List(ctx, manifests.SharedPrefix(job), consider); err != nil {
+		var se *sweepError
+		if errors.As(err, &se) {
+			return se.err
+		}
+		return fmt.Errorf("gc: list shared objects: %w", err)
+	}
+	private := make([]storage.ObjectInfo, 0, len(cat.Private))
+	for _, o := range cat.Private {
+		private = append(private, o)
+	}
+	sort.Slice(private, func(i, j int) bool { return private[i].Key < private[j].Key })
+	for _, o := range private {
+		if err := consider(o); err != nil {
+			return err
+		}
+	}
+	return sw.flush(ctx)
 }
 
 // recheck re-reads the age of each candidate and keeps those still older
@@ -417,11 +452,11 @@ func (e *sweepError) Unwrap() error { return e.err }
 type sweep struct {
 	s         storage.Store
 	job       string
-	opts      GCOptions
+	opts      Options
 	delay     time.Duration
 	now       func() time.Time
 	lockAsked time.Time
-	rep       *GCReport
+	rep       *Report
 	// doomed are candidates of ripe marks waiting for their delete, listed
 	// from doomedAt on; fresh are new garbage waiting for their mark.
 	doomed   []storage.ObjectInfo

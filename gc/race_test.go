@@ -1,4 +1,4 @@
-package manifests
+package gc
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/file"
 )
@@ -38,9 +39,9 @@ func (p *pausingStore) Delete(ctx context.Context, keys ...string) error {
 // uploads x under its usual key, looks at GC's marks, stores x under a
 // fresh key if the usual one is marked (as uploader.AvoidMarked does), and
 // commits within the look's validity.
-func writeX(t *testing.T, s storage.Store, g *Guard, task string, x []byte) (*Manifest, error) {
+func writeX(t *testing.T, s storage.Store, g *Guard, task string, x []byte) (*manifests.Manifest, error) {
 	ctx := context.Background()
-	key := SharedKey("job", sha(x), int64(len(x)))
+	key := manifests.SharedKey("job", sha(x), int64(len(x)))
 	if err := s.Put(ctx, key, bytes.NewReader(x), int64(len(x))); err != nil {
 		t.Fatal(err)
 	}
@@ -49,13 +50,13 @@ func writeX(t *testing.T, s storage.Store, g *Guard, task string, x []byte) (*Ma
 		t.Fatal(err)
 	}
 	if hold.Pending(key) {
-		key = FreshKey(key)
+		key = manifests.FreshKey(key)
 		if err := s.Put(ctx, key, bytes.NewReader(x), int64(len(x))); err != nil {
 			t.Fatal(err)
 		}
 	}
-	m := &Manifest{Job: "job", Task: task, Checkpoint: 1, Created: time.Now(), FullSize: int64(len(x))}
-	m.Files = []File{{Name: "000001.sst", Kind: Shared, Size: int64(len(x)), SHA256: sha(x), Key: key, Uploaded: true}}
+	m := &manifests.Manifest{Job: "job", Task: task, Checkpoint: 1, Created: time.Now(), FullSize: int64(len(x))}
+	m.Files = []manifests.File{{Name: "000001.sst", Kind: manifests.Shared, Size: int64(len(x)), SHA256: sha(x), Key: key, Uploaded: true}}
 	enc, _ := m.Encode(int64(len(x)))
 	return m, CommitHeld(ctx, s, m, enc, hold)
 }
@@ -63,11 +64,11 @@ func writeX(t *testing.T, s storage.Store, g *Guard, task string, x []byte) (*Ma
 func restorable(t *testing.T, s storage.Store, task string) {
 	t.Helper()
 	ctx := context.Background()
-	got, err := Load(ctx, s, "job", task, 1)
+	got, err := manifests.Load(ctx, s, "job", task, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	probs, _, err := Verify(ctx, s, got, 2)
+	probs, _, err := manifests.Verify(ctx, s, got, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func restorable(t *testing.T, s storage.Store, task string) {
 }
 
 func oldOrphan(t *testing.T, base *file.Store, x []byte) string {
-	key := SharedKey("job", sha(x), int64(len(x)))
+	key := manifests.SharedKey("job", sha(x), int64(len(x)))
 	put(t, base, key, x) // left by an aborted checkpoint, long ago
 	old := time.Now().Add(-2 * time.Hour)
 	os.Chtimes(filepath.Join(base.Root(), filepath.FromSlash(key)), old, old)
@@ -98,14 +99,14 @@ func TestGCInFlightDeleteCannotLoseAReuploadedObject(t *testing.T) {
 	s := &pausingStore{Store: base, key: key, reached: make(chan struct{}), release: make(chan struct{})}
 
 	// The first collection only marks X.
-	rep, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour})
+	rep, err := Collect(ctx, s, "job", Options{Grace: time.Hour})
 	if err != nil || rep.MarkedObjects != 1 || rep.DeletedObjects != 0 {
 		t.Fatalf("first collection: %+v %v", rep, err)
 	}
 	// The second, D later by storage's clock, deletes X: hold the delete.
 	done := make(chan error, 1)
 	go func() {
-		_, err := GC(ctx, s, "job", GCOptions{Grace: time.Hour, Now: func() time.Time { return time.Now().Add(GCMarkDelay) }})
+		_, err := Collect(ctx, s, "job", Options{Grace: time.Hour, Now: func() time.Time { return time.Now().Add(DefaultMarkDelay) }})
 		done <- err
 	}()
 	select {
@@ -124,7 +125,7 @@ func TestGCInFlightDeleteCannotLoseAReuploadedObject(t *testing.T) {
 	restorable(t, base, "other")
 	// And later collections keep it: it is live.
 	for range 2 {
-		if _, err := GC(ctx, base, "job", GCOptions{Grace: 0, Now: func() time.Time { return time.Now().Add(3 * GCMarkDelay) }}); err != nil {
+		if _, err := Collect(ctx, base, "job", Options{Grace: 0, Now: func() time.Time { return time.Now().Add(3 * DefaultMarkDelay) }}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -146,13 +147,13 @@ func TestGCWriterThatLookedBeforeTheMarkCannotCommitLate(t *testing.T) {
 	if err != nil || hold.Pending(key) {
 		t.Fatalf("look before the mark: %v", err)
 	}
-	if rep, err := GC(ctx, base, "job", GCOptions{Grace: time.Hour}); err != nil || rep.MarkedObjects != 1 {
+	if rep, err := Collect(ctx, base, "job", Options{Grace: time.Hour}); err != nil || rep.MarkedObjects != 1 {
 		t.Fatalf("first collection: %+v %v", rep, err)
 	}
-	m := &Manifest{Job: "job", Task: "late", Checkpoint: 1, Created: time.Now(), FullSize: int64(len(x))}
-	m.Files = []File{{Name: "000001.sst", Kind: Shared, Size: int64(len(x)), SHA256: sha(x), Key: key}}
+	m := &manifests.Manifest{Job: "job", Task: "late", Checkpoint: 1, Created: time.Now(), FullSize: int64(len(x))}
+	m.Files = []manifests.File{{Name: "000001.sst", Kind: manifests.Shared, Size: int64(len(x)), SHA256: sha(x), Key: key}}
 	enc, _ := m.Encode(0)
-	clock = clock.Add(GCMarkDelay/2 + time.Second)
+	clock = clock.Add(DefaultMarkDelay/2 + time.Second)
 	if err := CommitHeld(ctx, base, m, enc, hold); !errors.Is(err, ErrStale) {
 		t.Fatalf("late commit: %v, want ErrStale", err)
 	}
@@ -163,13 +164,13 @@ func TestGCWriterThatLookedBeforeTheMarkCannotCommitLate(t *testing.T) {
 	}
 	// Within D/2 of its look, the commit goes through (the collection
 	// deleting X will list this manifest).
-	m.Files[0].Key = FreshKey(key)
+	m.Files[0].Key = manifests.FreshKey(key)
 	put(t, base, m.Files[0].Key, x)
 	enc, _ = m.Encode(0)
 	if err := CommitHeld(ctx, base, m, enc, hold); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := GC(ctx, base, "job", GCOptions{Grace: time.Hour, Now: func() time.Time { return time.Now().Add(GCMarkDelay) }}); err != nil {
+	if _, err := Collect(ctx, base, "job", Options{Grace: time.Hour, Now: func() time.Time { return time.Now().Add(DefaultMarkDelay) }}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := base.Stat(ctx, key); !errors.Is(err, storage.ErrNotFound) {
@@ -177,7 +178,7 @@ func TestGCWriterThatLookedBeforeTheMarkCannotCommitLate(t *testing.T) {
 	}
 	restorable(t, base, "late")
 	var left []string
-	base.List(ctx, GCPrefix("job"), func(o storage.ObjectInfo) error { left = append(left, o.Key); return nil })
+	base.List(ctx, Prefix("job"), func(o storage.ObjectInfo) error { left = append(left, o.Key); return nil })
 	if len(left) != 0 {
 		t.Fatalf("gc bookkeeping left behind: %v", left)
 	}
@@ -198,7 +199,7 @@ func TestConcurrentCollectionsOfOneJobDoNotFailEachOther(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				if _, err := GC(ctx, fs, "j", GCOptions{Grace: time.Hour}); err != nil {
+				if _, err := Collect(ctx, fs, "j", Options{Grace: time.Hour}); err != nil {
 					errs <- err
 				}
 			}()
