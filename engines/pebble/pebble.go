@@ -9,7 +9,6 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/ckpt-io/ckpt/engines"
-	"github.com/ckpt-io/ckpt/manifests"
 )
 
 // Name is the engine's name in requests and manifests.
@@ -26,7 +25,7 @@ type Engine struct{}
 func (Engine) Name() string { return Name }
 
 // Classify implements engines.Engine.
-func (Engine) Classify(name string) manifests.Kind { return engines.SharedBySuffix(name) }
+func (Engine) Classify(name string) engines.Kind { return engines.SharedBySuffix(name) }
 
 // Check implements engines.Engine: it opens dir read-only and reads every
 // key, so a missing or corrupt file that the checksums could not reveal (a
