@@ -11,6 +11,11 @@
 // open) and "rocksdb" (RocksDB's file names; no check in this process).
 // Package engines/pebble adds "pebble" to it when imported. The same
 // interface is what an engine plugin serves from its own process.
+//
+// An engine that can build a new store from key ranges of old ones (a
+// rescale restore) also implements Rescaler (rescale.go); pebble does.
+// The package links nothing else of ckpt: a plugin that links it links
+// neither the manifest format nor an engine's library.
 package engines
 
 import (

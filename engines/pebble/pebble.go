@@ -1,5 +1,7 @@
 // Package pebble is ckpt's engine for Pebble stores. Importing it registers
-// the engine "pebble" in engines.Default.
+// the engine "pebble" in engines.Default. Besides classifying and checking
+// a store's files, it rescales (engines.Rescaler, rescale*.go): it builds
+// a new task's store from the key ranges of old tasks' checkpoints.
 package pebble
 
 import (
