@@ -21,6 +21,8 @@ import (
 	"github.com/ckpt-io/ckpt/engines"
 )
 
+var _ engines.Rescaler = Engine{}
+
 // Rescale implements engines.Rescaler: it builds a new task's Pebble
 // store in o.Target from the checkpoints of old tasks, keeping only the
 // keys in [Start, End).
