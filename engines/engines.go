@@ -11,6 +11,11 @@
 // open) and "rocksdb" (RocksDB's file names; no check in this process).
 // Package engines/pebble adds "pebble" to it when imported. The same
 // interface is what an engine plugin serves from its own process.
+//
+// An engine that can build a new store from key ranges of old ones (a
+// rescale restore) also implements Rescaler (rescale.go); pebble does.
+// The package links nothing else of ckpt: a plugin that links it links
+// neither the manifest format nor an engine's library.
 package engines
 
 import (
@@ -20,8 +25,20 @@ import (
 	"sort"
 	"strings"
 	"sync"
+)
 
-	"github.com/ckpt-io/ckpt/manifests"
+// Kind says how a file of a snapshot is stored: the engine's answer to
+// Classify. Package manifests records it per file (manifests.Kind is this
+// type), so that every part of ckpt and every plugin speaks of one kind.
+type Kind string
+
+const (
+	// Shared files (*.sst, *.blob) are immutable: content-addressed objects
+	// under <job>/shared/, uploaded once and referenced by many checkpoints.
+	Shared Kind = "shared"
+	// Private files (MANIFEST-*, CURRENT, OPTIONS-*, WAL, ...) are stored with
+	// each checkpoint, inline in the manifest when small.
+	Private Kind = "private"
 )
 
 // Engine is one storage engine.
@@ -30,11 +47,11 @@ type Engine interface {
 	// at most 64 bytes, stable across releases.
 	Name() string
 	// Classify says whether the snapshot file called name (a base name,
-	// never a path) is manifests.Shared or manifests.Private. It must be a
-	// pure function of the name: the same answer every time, on every node.
+	// never a path) is Shared or Private. It must be a pure function of
+	// the name: the same answer every time, on every node.
 	// A file wrongly called shared that the engine later rewrites in place
 	// would be restored stale, so when in doubt an engine says private.
-	Classify(name string) manifests.Kind
+	Classify(name string) Kind
 	// Check opens the store in dir read-only and reads it through, proving
 	// that the restored files form a store the engine accepts. It must not
 	// change dir. An engine that cannot open its stores in this process
@@ -133,18 +150,18 @@ func Check(ctx context.Context, name, dir string) (Result, error) {
 
 // SharedBySuffix classifies the way LSM engines name their files: *.sst
 // and *.blob are immutable data files (shared), everything else private.
-func SharedBySuffix(name string) manifests.Kind {
+func SharedBySuffix(name string) Kind {
 	if strings.HasSuffix(name, ".sst") || strings.HasSuffix(name, ".blob") {
-		return manifests.Shared
+		return Shared
 	}
-	return manifests.Private
+	return Private
 }
 
 // suffixEngine classifies by SharedBySuffix and checks nothing.
 type suffixEngine struct{ name string }
 
 func (e suffixEngine) Name() string                                { return e.name }
-func (suffixEngine) Classify(name string) manifests.Kind           { return SharedBySuffix(name) }
+func (suffixEngine) Classify(name string) Kind                     { return SharedBySuffix(name) }
 func (suffixEngine) Check(context.Context, string) (Result, error) { return Result{}, nil }
 
 // rocksDB knows RocksDB's file names: table files (*.sst) and blob files
@@ -155,5 +172,5 @@ func (suffixEngine) Check(context.Context, string) (Result, error) { return Resu
 type rocksDB struct{}
 
 func (rocksDB) Name() string                                  { return "rocksdb" }
-func (rocksDB) Classify(name string) manifests.Kind           { return SharedBySuffix(name) }
+func (rocksDB) Classify(name string) Kind                     { return SharedBySuffix(name) }
 func (rocksDB) Check(context.Context, string) (Result, error) { return Result{}, nil }

@@ -3,6 +3,8 @@ package engines_test
 import (
 	"context"
 	"errors"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"github.com/ckpt-io/ckpt/engines"
@@ -63,3 +65,29 @@ type private struct{}
 func (private) Name() string                                          { return "generic" }
 func (private) Classify(string) manifests.Kind                        { return manifests.Private }
 func (private) Check(context.Context, string) (engines.Result, error) { return engines.Result{}, nil }
+
+// Package engines is what an engine plugin links beside the SDK: it needs
+// nothing of ckpt but itself (not manifests, not an engine's library), so
+// that a plugin links neither the manifest format nor Pebble.
+func TestEnginesLinksNothingElseOfCkpt(t *testing.T) {
+	for _, dep := range nonStandardDeps(t, ".") {
+		if dep != "github.com/ckpt-io/ckpt/engines" {
+			t.Errorf("package engines depends on %s", dep)
+		}
+	}
+}
+
+// nonStandardDeps lists the packages outside the standard library that
+// the package pkg links (go list -deps), or skips without a go command.
+func nonStandardDeps(t *testing.T, pkg string) []string {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go command")
+	}
+	out, err := exec.Command(gobin, "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).Output()
+	if err != nil {
+		t.Skipf("go list: %v", err)
+	}
+	return strings.Fields(string(out))
+}

@@ -14,10 +14,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/ckpt-io/ckpt/internal/names"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ckpt-io/ckpt/engines"
+	"github.com/ckpt-io/ckpt/internal/names"
 )
 
 // FormatVersion is the manifest format this build writes by default: 2, a
@@ -35,16 +37,19 @@ const (
 // MaxManifestBytes bounds the size of a manifest this build will read.
 const MaxManifestBytes = 256 << 20
 
-// Kind says how a file of a snapshot is stored.
-type Kind string
+// Kind says how a file of a snapshot is stored. It is the engines'
+// type: the engine that classifies a file and the manifest that records
+// it speak of one kind, and package engines (which plugins link) does not
+// link manifests.
+type Kind = engines.Kind
 
 const (
 	// Shared files (*.sst, *.blob) are immutable: content-addressed objects
 	// under <job>/shared/, uploaded once and referenced by many checkpoints.
-	Shared Kind = "shared"
+	Shared = engines.Shared
 	// Private files (MANIFEST-*, CURRENT, OPTIONS-*, WAL, ...) are stored with
 	// each checkpoint, inline in the manifest when small.
-	Private Kind = "private"
+	Private = engines.Private
 )
 
 // File is one file of a checkpoint.

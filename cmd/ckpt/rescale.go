@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/ckpt-io/ckpt/engines"
 	"github.com/ckpt-io/ckpt/internal/human"
 	"github.com/ckpt-io/ckpt/restore"
 )
@@ -57,8 +58,8 @@ func addRescaleFlags(fs interface {
 
 // options checks the flags (usage errors) and returns the rescale request.
 func (f rescaleFlags) options() (restore.RescaleOptions, error) {
-	if *f.engine != "pebble" {
-		return restore.RescaleOptions{}, usageError{fmt.Errorf("--engine %q: only pebble stores can be rescaled (give --engine pebble)", *f.engine)}
+	if e, err := engines.Lookup(*f.engine); err != nil || !isRescaler(e) {
+		return restore.RescaleOptions{}, usageError{fmt.Errorf("--engine %q: only %s stores can be rescaled (give --engine %s)", *f.engine, rescalers(), rescalers())}
 	}
 	if *f.par < 1 {
 		return restore.RescaleOptions{}, usageError{errors.New("--parallelism must be at least 1")}
@@ -80,6 +81,23 @@ func (f rescaleFlags) options() (restore.RescaleOptions, error) {
 	}
 	return restore.RescaleOptions{Job: *f.job, From: from, Start: start, End: end, Engine: *f.engine,
 		Checkpoint: *f.n, Parallelism: *f.par, Partial: *f.partial}, nil
+}
+
+// isRescaler reports whether e can rescale its stores.
+func isRescaler(e engines.Engine) bool {
+	_, ok := e.(engines.Rescaler)
+	return ok
+}
+
+// rescalers names the engines of this build that can rescale (pebble).
+func rescalers() string {
+	var out []string
+	for _, n := range engines.Default.Names() {
+		if e, err := engines.Lookup(n); err == nil && isRescaler(e) {
+			out = append(out, n)
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // runRescaleRestore is `ckpt restore --rescale-from`.

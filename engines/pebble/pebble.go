@@ -1,5 +1,7 @@
 // Package pebble is ckpt's engine for Pebble stores. Importing it registers
-// the engine "pebble" in engines.Default.
+// the engine "pebble" in engines.Default. Besides classifying and checking
+// a store's files, it rescales (engines.Rescaler, rescale*.go): it builds
+// a new task's store from the key ranges of old tasks' checkpoints.
 package pebble
 
 import (
@@ -9,7 +11,6 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 
 	"github.com/ckpt-io/ckpt/engines"
-	"github.com/ckpt-io/ckpt/manifests"
 )
 
 // Name is the engine's name in requests and manifests.
@@ -26,7 +27,7 @@ type Engine struct{}
 func (Engine) Name() string { return Name }
 
 // Classify implements engines.Engine.
-func (Engine) Classify(name string) manifests.Kind { return engines.SharedBySuffix(name) }
+func (Engine) Classify(name string) engines.Kind { return engines.SharedBySuffix(name) }
 
 // Check implements engines.Engine: it opens dir read-only and reads every
 // key, so a missing or corrupt file that the checksums could not reveal (a

@@ -1,4 +1,4 @@
-package restore_test
+package pebble_test
 
 import (
 	"context"

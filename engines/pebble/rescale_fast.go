@@ -1,4 +1,4 @@
-package restore
+package pebble
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/sstable"
 	"github.com/cockroachdb/pebble/v2/vfs"
 
-	"github.com/ckpt-io/ckpt/manifests"
+	"github.com/ckpt-io/ckpt/engines"
 )
 
 // The fast path of a rescale restore. An old task's tables whose keys all
@@ -158,7 +158,7 @@ func (t *oldTask) openTable(ctx context.Context, name string, ropts sstable.Read
 // the clean candidates' properties, the range keys of the old store, and
 // the WAL's entries. It sets the span of the new store where the task's
 // keys may lie (t.extent), or sends the task down the slow path.
-func (t *oldTask) inspect(ctx context.Context, o RescaleOptions, ropts sstable.ReaderOptions) error {
+func (t *oldTask) inspect(ctx context.Context, o engines.RescaleRequest, ropts sstable.ReaderOptions) error {
 	rng := span{o.Start, o.End}
 	it, err := t.db.NewIterWithContext(ctx, &pebble.IterOptions{LowerBound: o.Start, UpperBound: o.End, KeyTypes: pebble.IterKeyTypeRangesOnly})
 	if err != nil {
@@ -203,8 +203,8 @@ func (t *oldTask) inspect(ctx context.Context, o RescaleOptions, ropts sstable.R
 		// Every key of the other tables is looked up: as dear as a rewrite.
 		t.slow("most of its bytes in the range are in tables that carry sequence numbers")
 	}
-	for _, f := range t.m.Files {
-		if f.Kind == manifests.Shared || !strings.HasSuffix(f.Name, ".log") {
+	for _, f := range t.src.Files {
+		if f.Kind == engines.Shared || !strings.HasSuffix(f.Name, ".log") {
 			continue
 		}
 		if err := t.readWAL(f.Name, rng); err != nil {
@@ -327,7 +327,7 @@ const maxOverlayKeyBytes = 512 << 20
 // and every clean key that their range deletions cover, the old store's
 // visible value (a Set) or its absence (a Delete). Ingested after the
 // clean tables, they make the new store show what the old one shows.
-func (t *oldTask) overlay(ctx context.Context, o RescaleOptions, ropts sstable.ReaderOptions, wopts sstable.WriterOptions, prefix string) error {
+func (t *oldTask) overlay(ctx context.Context, o engines.RescaleRequest, ropts sstable.ReaderOptions, wopts sstable.WriterOptions, prefix string) error {
 	rng := span{o.Start, o.End}
 	keys := slices.Clone(t.walKeys)
 	dels := slices.Clone(t.walDels)
