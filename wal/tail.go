@@ -23,7 +23,10 @@ type Segment struct {
 	// its trailer, and no record will ever follow in this file. A sealed
 	// segment may be empty (Start == End): the trailer alone was new.
 	Sealed bool
-	Data   []byte
+	// More is true when the segment was cut short at MaxSegment: complete
+	// records may follow End in what the file held when it was read.
+	More bool
+	Data []byte
 }
 
 // Gap is a log file that went away (deleted, or recycled under another
@@ -48,7 +51,16 @@ type Tailer struct {
 	// is a segment of its own.
 	MaxSegment int64
 	logs       map[string]*logState
+	// owner, when ownerSet, is the uid every log file must be owned by
+	// (RequireOwner).
+	owner    uint32
+	ownerSet bool
 }
+
+// RequireOwner makes the tailer refuse, with an error, a log file not
+// owned by uid: in node-agent mode a peer's store dir may hold only the
+// peer's files (a hard link to another user's file is not read).
+func (t *Tailer) RequireOwner(uid uint32) { t.owner, t.ownerSet = uid, true }
 
 type logState struct {
 	log      uint64
@@ -200,6 +212,9 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 	if st.Mode&unix.S_IFMT != unix.S_IFREG {
 		return nil, nil, fmt.Errorf("log %s is not a regular file", name)
 	}
+	if t.ownerSet && st.Uid != t.owner {
+		return nil, nil, fmt.Errorf("log %s is owned by uid %d, not by uid %d that owns the store: it is not read (a hard link to another user's file?)", name, st.Uid, t.owner)
+	}
 	var gap *Gap
 	ls := t.logs[name]
 	if ls != nil && (ls.dev != uint64(st.Dev) || ls.ino != st.Ino) {
@@ -237,7 +252,8 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 		}
 		// A segment, or, when the log's trailer follows what was shipped,
 		// an empty one that says so (Ack seals the log).
+		more := s.Stop == "limit" || (s.Stop == "end" && int64(n) == want && ls.shipped+want < st.Size)
 		return &Segment{Name: name, Log: num, Start: ls.shipped, End: s.End, Records: s.Records,
-			Sealed: s.Stop == "sealed", Data: buf[:s.End-ls.shipped]}, gap, nil
+			Sealed: s.Stop == "sealed", More: more, Data: buf[:s.End-ls.shipped]}, gap, nil
 	}
 }
