@@ -500,8 +500,9 @@ func TestATakeoverBetweenTheOwnerCheckAndTheCommit(t *testing.T) {
 	}
 }
 
-// A round that fails (storage refuses a segment) moves nothing: the next
-// round ships the same records again, whole, under the next seq.
+// A round that fails (storage refuses a segment, or the manifest) moves
+// nothing: the next round ships the same records again, whole, under the
+// same seq.
 func TestAFailedRoundShipsItsRecordsAgain(t *testing.T) {
 	ctx := context.Background()
 	ld := newLiveDir(t, gapSizes, 1)
@@ -513,11 +514,15 @@ func TestAFailedRoundShipsItsRecordsAgain(t *testing.T) {
 	if err := sh.Rebase(1, owner.Epoch, []LogEnd{ld.copyOf(0, ld.boundary(0, 1))}); err != nil {
 		t.Fatal(err)
 	}
-	fs.fail = true
+	fs.failPut = true
 	if r, err := sh.Ship(ctx); err == nil || r.Seq != 0 {
 		t.Fatalf("a round whose upload failed: %+v, %v", r, err)
 	}
-	fs.fail = false
+	fs.failPut, fs.failCreate = false, true
+	if r, err := sh.Ship(ctx); err == nil || r.Seq != 0 {
+		t.Fatalf("a round whose commit failed: %+v, %v", r, err)
+	}
+	fs.failCreate = false
 	r, err := sh.Ship(ctx)
 	if err != nil || r.Seq != 1 || r.Records != 3 {
 		t.Fatalf("the round after: %+v, %v; want seq 1 with all 3 records", r, err)
@@ -526,12 +531,19 @@ func TestAFailedRoundShipsItsRecordsAgain(t *testing.T) {
 
 type failingPuts struct {
 	storage.Store
-	fail bool
+	failPut, failCreate bool
 }
 
 func (f *failingPuts) Put(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
-	if f.fail {
+	if f.failPut {
 		return errors.New("injected: storage refuses the upload")
 	}
 	return f.Store.Put(ctx, key, body, size)
+}
+
+func (f *failingPuts) Create(ctx context.Context, key string, body io.ReadSeeker, size int64) error {
+	if f.failCreate {
+		return errors.New("injected: storage refuses the manifest")
+	}
+	return f.Store.Create(ctx, key, body, size)
 }
