@@ -316,6 +316,7 @@ func (a *Agent) run(ck *checkpoint) {
 		ck.c.send(ev)
 		a.local.RemoveDiscarded() // the previous local copy, now in the background
 		a.maybeSweep()
+		a.walCheckpointed(ck) // the WAL now extends this checkpoint (wal.go)
 		a.finish(ck, true)
 		return
 	}
