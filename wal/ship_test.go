@@ -547,3 +547,21 @@ func (f *failingPuts) Create(ctx context.Context, key string, body io.ReadSeeker
 	}
 	return f.Store.Create(ctx, key, body, size)
 }
+
+// A tailer that requires an owner reads no log file of another uid (in
+// node-agent mode: a hard link to another user's file in a peer's dir).
+func TestATailerReadsNoLogOfAnotherOwner(t *testing.T) {
+	ld := newLiveDir(t, gapSizes, 1)
+	ld.write(0, ld.boundary(0, 2))
+	me := uint32(os.Getuid())
+	tl := NewTailer(ld.d, 1<<20)
+	tl.RequireOwner(me + 1)
+	if segs, _, err := tl.Next(); err == nil || len(segs) != 0 {
+		t.Fatalf("a log of uid %d read for owner %d: %d segments, %v", me, me+1, len(segs), err)
+	}
+	tl = NewTailer(ld.d, 1<<20)
+	tl.RequireOwner(me)
+	if segs, _, err := tl.Next(); err != nil || len(segs) != 1 {
+		t.Fatalf("a log of its owner: %d segments, %v", len(segs), err)
+	}
+}
