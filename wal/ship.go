@@ -196,6 +196,7 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		return s.fenced
 	}
 	s.n, s.epoch, s.seq, s.ended, s.through = n, epoch, 0, nil, time.Time{}
+	s.tl.Close()
 	s.tl.logs = map[string]*logState{}
 	fail := func(format string, args ...any) error {
 		s.ended = fmt.Errorf("checkpoint %d: %s: %w", n, fmt.Sprintf(format, args...), ErrChainEnded)
@@ -236,14 +237,15 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 			ls.shipped, ls.sealed = l.End, true // nothing more to ship of it
 			continue
 		}
-		ok, err := s.continues(name, l)
+		f, err := s.continues(name, l, ls)
 		if err != nil {
 			return err
 		}
-		if !ok {
+		if f == nil {
+			delete(s.tl.logs, name)
 			return fail("log %s in the store does not hold the checkpoint's copy of it (%d bytes): it is another file now", name, l.End)
 		}
-		ls.shipped = l.End
+		ls.shipped, ls.f = l.End, f
 		found = true
 	}
 	if !found {
@@ -252,25 +254,45 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 	return nil
 }
 
-// continues reports whether the live log name holds l.Tail just before
-// l.End.
-func (s *Shipper) continues(name string, l LogEnd) (bool, error) {
+// continues opens the live log name and returns it if it is the file of
+// ls and holds l.Tail just before l.End; nil if not.
+func (s *Shipper) continues(name string, l LogEnd, ls *logState) (*os.File, error) {
 	fd, err := unix.Openat(int(s.cfg.Dir.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if errors.Is(err, unix.ENOENT) {
-		return false, nil
+		return nil, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("open log %s: %w", name, err)
+		return nil, fmt.Errorf("open log %s: %w", name, err)
 	}
 	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("stat log %s: %w", name, err)
+	}
+	if uint64(st.Dev) != ls.dev || st.Ino != ls.ino || st.Mode&unix.S_IFMT != unix.S_IFREG {
+		f.Close()
+		return nil, nil
+	}
+	if s.tl.ownerSet && st.Uid != s.tl.owner {
+		f.Close()
+		return nil, fmt.Errorf("log %s is owned by uid %d, not by uid %d that owns the store: it is not read", name, st.Uid, s.tl.owner)
+	}
 	got := make([]byte, len(l.Tail))
 	n, err := f.ReadAt(got, l.End-int64(len(l.Tail)))
 	if err != nil && !errors.Is(err, io.EOF) {
-		return false, fmt.Errorf("read log %s: %w", name, err)
+		f.Close()
+		return nil, fmt.Errorf("read log %s: %w", name, err)
 	}
-	return n == len(got) && bytes.Equal(got, l.Tail), nil
+	if n != len(got) || !bytes.Equal(got, l.Tail) {
+		f.Close()
+		return nil, nil
+	}
+	return f, nil
 }
+
+// Close releases the log files the shipper holds open.
+func (s *Shipper) Close() { s.tl.Close() }
 
 // Ship runs one round: it takes the time, reads every log's complete
 // records since the last commit, uploads them as segments, checks that

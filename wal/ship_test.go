@@ -565,3 +565,50 @@ func TestATailerReadsNoLogOfAnotherOwner(t *testing.T) {
 		t.Fatalf("a log of its owner: %d segments, %v", len(segs), err)
 	}
 }
+
+// A log the engine seals and deletes (or renames, to recycle it) between
+// two rounds is still shipped to its seal, through the handle the tailer
+// kept open: no gap, and every record of it is shipped.
+func TestALogDeletedRightAfterItsSealIsShippedWhole(t *testing.T) {
+	ctx := context.Background()
+	ld := newLiveDir(t, gapSizes, 2)
+	whole := ScanRecords(ld.logs[0].b, 0, uint32(ld.logs[0].num), 0)
+	if whole.Stop != "sealed" {
+		t.Fatalf("the store's first log ends %q, not sealed", whole.Stop)
+	}
+	s := newTestStore(t)
+	owner := takeOwner(t, s, "a")
+	sh := NewShipper(ShipperConfig{Store: s, Job: testJob, Task: testTask, Dir: ld.d})
+	defer sh.Close()
+	ld.write(0, ld.boundary(0, 2))
+	if err := sh.Rebase(1, owner.Epoch, []LogEnd{ld.copyOf(0, ld.boundary(0, 1))}); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := sh.Ship(ctx); err != nil || r.Seq != 1 {
+		t.Fatalf("first round: %+v, %v", r, err)
+	}
+	// The engine writes the rest, seals the log, opens the next one and
+	// deletes the sealed one, all between two rounds.
+	ld.write(0, int64(len(ld.logs[0].b)))
+	ld.write(1, ld.boundary(1, 1))
+	if err := os.Remove(filepath.Join(ld.path, ld.name(0))); err != nil {
+		t.Fatal(err)
+	}
+	r, err := sh.Ship(ctx)
+	if err != nil || r.Seq != 2 {
+		t.Fatalf("the round after the seal and delete: %+v, %v; want seq 2, no gap", r, err)
+	}
+	_, segs, _ := shippedLogs(t, s, 1, owner.Epoch)
+	got := segs[ld.name(0)]
+	last := got[len(got)-1]
+	records := 0
+	for _, r := range got {
+		records += r.Records
+	}
+	if !last.Sealed || last.End != whole.End || records != whole.Records-1 {
+		t.Fatalf("log %s shipped to %d (sealed %v) with %d records; want to %d, sealed, %d records", ld.name(0), last.End, last.Sealed, records, whole.End, whole.Records-1)
+	}
+	if n := len(segs[ld.name(1)]); n != 1 {
+		t.Fatalf("the next log has %d segments, want 1", n)
+	}
+}

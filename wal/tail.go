@@ -67,6 +67,10 @@ type logState struct {
 	dev, ino uint64
 	shipped  int64 // acknowledged: everything before it is in storage
 	sealed   bool
+	// f is the log file, open from when it was first seen: a log the
+	// engine deletes (or renames, to recycle it) right after it sealed it
+	// is still read to its end through it.
+	f *os.File
 }
 
 // ParseLogName returns the number of a write-ahead log file name
@@ -135,15 +139,41 @@ func (t *Tailer) Next() ([]Segment, []Gap, error) {
 		}
 	}
 	for name, st := range t.logs {
-		if !present[name] {
-			if !st.sealed {
-				gaps = append(gaps, Gap{Name: name, Log: st.log, Shipped: st.shipped})
-			}
-			delete(t.logs, name)
+		if present[name] {
+			continue
 		}
+		if !st.sealed && st.f != nil {
+			// Gone from the dir: what the file held is read through the
+			// handle kept open. A log read to its seal is no gap.
+			var fst unix.Stat_t
+			if err := unix.Fstat(int(st.f.Fd()), &fst); err == nil {
+				seg, err := t.scan(name, st, st.f, fst.Size)
+				if err == nil && seg != nil && (seg.Sealed || seg.More) {
+					segs = append(segs, *seg)
+					continue // dropped once its seal is acknowledged
+				}
+			}
+		}
+		if !st.sealed {
+			gaps = append(gaps, Gap{Name: name, Log: st.log, Shipped: st.shipped})
+		}
+		if st.f != nil {
+			st.f.Close()
+		}
+		delete(t.logs, name)
 	}
+	slices.SortFunc(segs, func(a, b Segment) int { return cmpU(a.Log, b.Log) })
 	slices.SortFunc(gaps, func(a, b Gap) int { return cmpU(a.Log, b.Log) })
 	return segs, gaps, nil
+}
+
+// Close releases the log files the tailer holds open.
+func (t *Tailer) Close() {
+	for _, st := range t.logs {
+		if st.f != nil {
+			st.f.Close()
+		}
+	}
 }
 
 // Ack records that seg is in storage: the log's next segment starts at
@@ -196,6 +226,25 @@ func (t *Tailer) listLogs() ([]string, error) {
 // read returns the next segment of one log, if it has one.
 func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 	num, _ := ParseLogName(name)
+	var st unix.Stat_t
+	ls := t.logs[name]
+	if ls != nil && ls.f != nil {
+		// The file already open, if the name still leads to it.
+		err := unix.Fstatat(int(t.dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW)
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil, nil // gone since the listing: the next Next sees it
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("stat log %s: %w", name, err)
+		}
+		if ls.dev == uint64(st.Dev) && ls.ino == st.Ino && st.Mode&unix.S_IFMT == unix.S_IFREG {
+			if ls.sealed || st.Size <= ls.shipped {
+				return nil, nil, nil
+			}
+			seg, err := t.scan(name, ls, ls.f, st.Size)
+			return seg, nil, err
+		}
+	}
 	fd, err := unix.Openat(int(t.dir.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil, nil // gone since the listing: the next Next sees it
@@ -204,8 +253,12 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 		return nil, nil, fmt.Errorf("open log %s: %w", name, err)
 	}
 	f := os.NewFile(uintptr(fd), name)
-	defer f.Close()
-	var st unix.Stat_t
+	keep := false
+	defer func() {
+		if !keep {
+			f.Close()
+		}
+	}()
 	if err := unix.Fstat(fd, &st); err != nil {
 		return nil, nil, fmt.Errorf("stat log %s: %w", name, err)
 	}
@@ -216,11 +269,13 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 		return nil, nil, fmt.Errorf("log %s is owned by uid %d, not by uid %d that owns the store: it is not read (a hard link to another user's file?)", name, st.Uid, t.owner)
 	}
 	var gap *Gap
-	ls := t.logs[name]
 	if ls != nil && (ls.dev != uint64(st.Dev) || ls.ino != st.Ino) {
 		// Another file under the same name: the old one went away.
 		if !ls.sealed {
 			gap = &Gap{Name: name, Log: ls.log, Shipped: ls.shipped}
+		}
+		if ls.f != nil {
+			ls.f.Close()
 		}
 		ls = nil
 	}
@@ -228,32 +283,45 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 		ls = &logState{log: num, dev: uint64(st.Dev), ino: st.Ino}
 		t.logs[name] = ls
 	}
+	if ls.f == nil {
+		ls.f, keep = f, true
+	}
 	if ls.sealed || st.Size <= ls.shipped {
 		// Nothing new (a log's trailer is past shipped, so it is new).
 		return nil, gap, nil
 	}
+	seg, err := t.scan(name, ls, f, st.Size)
+	return seg, gap, err
+}
+
+// scan returns the next segment of log name (state ls) from f, which
+// holds size bytes, if it has one.
+func (t *Tailer) scan(name string, ls *logState, f *os.File, size int64) (*Segment, error) {
+	if ls.sealed || size <= ls.shipped {
+		return nil, nil
+	}
 	// Read what the next segment may hold, and more while one record
 	// alone is larger than that.
-	want := min(st.Size-ls.shipped, t.MaxSegment+BlockSize)
+	want := min(size-ls.shipped, t.MaxSegment+BlockSize)
 	for {
 		buf := make([]byte, want)
 		n, err := f.ReadAt(buf, ls.shipped)
 		if err != nil && !errors.Is(err, io.EOF) {
-			return nil, gap, fmt.Errorf("read log %s: %w", name, err)
+			return nil, fmt.Errorf("read log %s: %w", name, err)
 		}
 		buf = buf[:n]
-		s := ScanRecords(buf, ls.shipped, uint32(num), t.MaxSegment)
-		if s.Records == 0 && s.Stop == "end" && int64(n) == want && ls.shipped+want < st.Size {
-			want = min(st.Size-ls.shipped, 2*want)
+		s := ScanRecords(buf, ls.shipped, uint32(ls.log), t.MaxSegment)
+		if s.Records == 0 && s.Stop == "end" && int64(n) == want && ls.shipped+want < size {
+			want = min(size-ls.shipped, 2*want)
 			continue
 		}
 		if s.Records == 0 && s.Stop != "sealed" {
-			return nil, gap, nil
+			return nil, nil
 		}
 		// A segment, or, when the log's trailer follows what was shipped,
 		// an empty one that says so (Ack seals the log).
-		more := s.Stop == "limit" || (s.Stop == "end" && int64(n) == want && ls.shipped+want < st.Size)
-		return &Segment{Name: name, Log: num, Start: ls.shipped, End: s.End, Records: s.Records,
-			Sealed: s.Stop == "sealed", More: more, Data: buf[:s.End-ls.shipped]}, gap, nil
+		more := s.Stop == "limit" || (s.Stop == "end" && int64(n) == want && ls.shipped+want < size)
+		return &Segment{Name: name, Log: ls.log, Start: ls.shipped, End: s.End, Records: s.Records,
+			Sealed: s.Stop == "sealed", More: more, Data: buf[:s.End-ls.shipped]}, nil
 	}
 }
