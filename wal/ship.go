@@ -196,8 +196,20 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		return s.fenced
 	}
 	s.n, s.epoch, s.seq, s.ended, s.through = n, epoch, 0, nil, time.Time{}
-	s.tl.Close()
+	old := s.tl.logs
 	s.tl.logs = map[string]*logState{}
+	defer func() {
+		// The files held for the last chain, and not for this one.
+		held := map[*os.File]bool{}
+		for _, ls := range s.tl.logs {
+			held[ls.f] = true
+		}
+		for _, ls := range old {
+			if ls.f != nil && !held[ls.f] {
+				ls.f.Close()
+			}
+		}
+	}()
 	fail := func(format string, args ...any) error {
 		s.ended = fmt.Errorf("checkpoint %d: %s: %w", n, fmt.Sprintf(format, args...), ErrChainEnded)
 		return s.ended
@@ -249,7 +261,73 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		found = true
 	}
 	if !found {
+		// Gone from the dir since the snapshot (the engine rotated and
+		// deleted or recycled it), it may still be open from the last
+		// chain: then it is read to its seal through that handle.
+		if ls := old[newest.Name]; ls != nil && ls.f != nil && ls.log == newest.Log {
+			if ok, err := holds(ls.f, newest); err != nil {
+				return err
+			} else if ok {
+				s.tl.logs[newest.Name] = &logState{log: ls.log, dev: ls.dev, ino: ls.ino, shipped: newest.End, f: ls.f}
+				found = true
+			}
+		}
+	}
+	if !found {
 		return fail("log %s, the newest in its snapshot, is gone from the store: the writes after the checkpoint in it were not seen", newest.Name)
+	}
+	return nil
+}
+
+// holds reports whether f holds l.Tail just before l.End.
+func holds(f *os.File, l LogEnd) (bool, error) {
+	got := make([]byte, len(l.Tail))
+	n, err := f.ReadAt(got, l.End-int64(len(l.Tail)))
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("read log %s: %w", l.Name, err)
+	}
+	return n == len(got) && bytes.Equal(got, l.Tail), nil
+}
+
+// Track opens and holds the logs of the dir that the shipper does not
+// hold yet, and lets go of those gone, without reading or shipping
+// anything: while no chain runs (before the first Rebase, or after a gap),
+// it keeps the logs a coming checkpoint's snapshot may continue open, so
+// that Rebase finds them even if the engine deleted them meanwhile.
+func (s *Shipper) Track() error {
+	if s.n != 0 && s.ended == nil {
+		return nil // a running chain holds its logs
+	}
+	names, err := s.tl.listLogs()
+	if err != nil {
+		return err
+	}
+	present := map[string]bool{}
+	for _, name := range names {
+		present[name] = true
+		if ls := s.tl.logs[name]; ls != nil && ls.f != nil {
+			continue
+		}
+		fd, err := unix.Openat(int(s.cfg.Dir.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
+		if err != nil {
+			continue // gone, or not a file: nothing to hold
+		}
+		f := os.NewFile(uintptr(fd), name)
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || (s.tl.ownerSet && st.Uid != s.tl.owner) {
+			f.Close()
+			continue
+		}
+		num, _ := ParseLogName(name)
+		s.tl.logs[name] = &logState{log: num, dev: uint64(st.Dev), ino: st.Ino, sealed: true, f: f}
+	}
+	for name, ls := range s.tl.logs {
+		if !present[name] {
+			if ls.f != nil {
+				ls.f.Close()
+			}
+			delete(s.tl.logs, name)
+		}
 	}
 	return nil
 }
@@ -278,15 +356,10 @@ func (s *Shipper) continues(name string, l LogEnd, ls *logState) (*os.File, erro
 		f.Close()
 		return nil, fmt.Errorf("log %s is owned by uid %d, not by uid %d that owns the store: it is not read", name, st.Uid, s.tl.owner)
 	}
-	got := make([]byte, len(l.Tail))
-	n, err := f.ReadAt(got, l.End-int64(len(l.Tail)))
-	if err != nil && !errors.Is(err, io.EOF) {
+	ok, err := holds(f, l)
+	if err != nil || !ok {
 		f.Close()
-		return nil, fmt.Errorf("read log %s: %w", name, err)
-	}
-	if n != len(got) || !bytes.Equal(got, l.Tail) {
-		f.Close()
-		return nil, nil
+		return nil, err
 	}
 	return f, nil
 }

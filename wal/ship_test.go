@@ -612,3 +612,32 @@ func TestALogDeletedRightAfterItsSealIsShippedWhole(t *testing.T) {
 		t.Fatalf("the next log has %d segments, want 1", n)
 	}
 }
+
+// A checkpoint's newest log that the engine deleted between the snapshot
+// and the commit is continued through the handle Track kept open.
+func TestRebaseContinuesALogGoneSinceTheSnapshotThatTrackHeld(t *testing.T) {
+	ctx := context.Background()
+	ld := newLiveDir(t, gapSizes, 2)
+	whole := ScanRecords(ld.logs[0].b, 0, uint32(ld.logs[0].num), 0)
+	s := newTestStore(t)
+	owner := takeOwner(t, s, "a")
+	sh := NewShipper(ShipperConfig{Store: s, Job: testJob, Task: testTask, Dir: ld.d})
+	defer sh.Close()
+	ld.write(0, ld.boundary(0, 1))
+	if err := sh.Track(); err != nil {
+		t.Fatal(err)
+	}
+	snap := ld.copyOf(0, ld.boundary(0, 1)) // the snapshot
+	ld.write(0, int64(len(ld.logs[0].b)))   // the rest, sealed...
+	ld.write(1, ld.boundary(1, 1))
+	if err := os.Remove(filepath.Join(ld.path, ld.name(0))); err != nil { // ...and deleted
+		t.Fatal(err)
+	}
+	if err := sh.Rebase(1, owner.Epoch, []LogEnd{snap}); err != nil {
+		t.Fatalf("Rebase on a log gone but held: %v", err)
+	}
+	r, err := sh.Ship(ctx)
+	if err != nil || r.Seq != 1 || r.Records != whole.Records-1+1 {
+		t.Fatalf("round: %+v, %v; want the %d records after the snapshot and the next log's first", r, err, whole.Records-1)
+	}
+}
