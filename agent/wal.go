@@ -137,7 +137,33 @@ func (a *Agent) walRequest(c *conn, req protocol.Request) bool {
 		old.d.Close()
 	}
 	a.wal.dirs[req.Task] = w
+	// The loop holds the store's logs open from now on (Shipper.Track):
+	// the snapshot's newest log is then continued after the commit even
+	// if the engine deleted it meanwhile. It ships once the checkpoint
+	// completes.
+	if a.wal.loops[req.Task] == nil && a.wal.ctx != nil {
+		a.mu.Lock()
+		t := a.taskLocked(req.Task)
+		fenced := t.fenced
+		a.mu.Unlock()
+		if fenced == nil {
+			a.walLoopLocked(t, w)
+		}
+	}
 	return true
+}
+
+// walLoopLocked starts t's shipping loop over dir (under a.wal.mu).
+func (a *Agent) walLoopLocked(t *task, dir *walDir) *walLoop {
+	ctx, cancel := context.WithCancel(a.wal.ctx)
+	l := &walLoop{dir: dir, cancel: cancel, done: make(chan struct{}), rebase: make(chan walRebase, 1)}
+	if a.wal.loops == nil {
+		a.wal.loops = map[string]*walLoop{}
+	}
+	a.wal.loops[t.name] = l
+	a.wal.wg.Add(1)
+	go a.walLoop(ctx, t, l)
+	return l
 }
 
 // walInUse reports whether a loop ships from w (under a.wal.mu).
@@ -216,14 +242,7 @@ func (a *Agent) walCheckpointed(ck *checkpoint) {
 		l = nil
 	}
 	if l == nil {
-		ctx, cancel := context.WithCancel(a.wal.ctx)
-		l = &walLoop{dir: dir, cancel: cancel, done: make(chan struct{}), rebase: make(chan walRebase, 1)}
-		if a.wal.loops == nil {
-			a.wal.loops = map[string]*walLoop{}
-		}
-		a.wal.loops[task] = l
-		a.wal.wg.Add(1)
-		go a.walLoop(ctx, ck.t, l)
+		l = a.walLoopLocked(ck.t, dir)
 	}
 	select { // the newest checkpoint wins
 	case <-l.rebase:
@@ -261,12 +280,25 @@ func (a *Agent) walLoop(ctx context.Context, t *task, l *walLoop) {
 	}()
 	sh := wal.NewShipper(wal.ShipperConfig{Store: a.cfg.Store, Job: a.cfg.Job, Task: t.name, Dir: l.dir.d.File(),
 		MaxSegment: a.cfg.WALSegmentBytes, Owner: l.dir.owner, Agent: a.agentID, Node: a.cfg.Node})
+	defer sh.Close()
+	if err := sh.Track(); err != nil {
+		a.log.Warn("wal: read the store dir", "task", t.name, "err", err)
+	}
+	// A log appearing (the engine rotated) ships the sealed one at once,
+	// before the engine deletes or recycles it.
+	rotated, stopWatch, err := wal.Watch(l.dir.d.File())
+	if err != nil {
+		a.log.Warn("wal: cannot watch the store dir; rounds run on --wal-interval only", "task", t.name, "err", err)
+	} else {
+		defer stopWatch()
+	}
 	tick := time.NewTicker(a.cfg.WALInterval)
 	defer tick.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-rotated:
 		case rb := <-l.rebase:
 			err := sh.Rebase(rb.n, rb.epoch, rb.logs)
 			if errors.Is(err, manifests.ErrFenced) {
@@ -284,6 +316,9 @@ func (a *Agent) walLoop(ctx context.Context, t *task, l *walLoop) {
 		case <-tick.C:
 		}
 		if n, ended := sh.Checkpoint(); n == 0 || ended != nil {
+			if err := sh.Track(); err != nil {
+				a.log.Warn("wal: read the store dir", "task", t.name, "err", err)
+			}
 			continue
 		}
 		r, err := sh.Ship(ctx)

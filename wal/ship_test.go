@@ -641,3 +641,32 @@ func TestRebaseContinuesALogGoneSinceTheSnapshotThatTrackHeld(t *testing.T) {
 		t.Fatalf("round: %+v, %v; want the %d records after the snapshot and the next log's first", r, err, whole.Records-1)
 	}
 }
+
+// Watch signals a log that appears in the dir (created or renamed there),
+// not other files, and stops when told.
+func TestWatchSignalsANewLog(t *testing.T) {
+	dir := t.TempDir()
+	d, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	events, stop, err := Watch(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	os.WriteFile(filepath.Join(dir, "000001.sst"), nil, 0o644)
+	select {
+	case <-events:
+		t.Fatal("an sst signalled")
+	case <-time.After(50 * time.Millisecond):
+	}
+	os.WriteFile(filepath.Join(dir, "tmp"), nil, 0o644)
+	os.Rename(filepath.Join(dir, "tmp"), filepath.Join(dir, "000007.log"))
+	select {
+	case <-events:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a log renamed into the dir did not signal")
+	}
+}
