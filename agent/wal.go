@@ -298,7 +298,16 @@ func (a *Agent) walLoop(ctx context.Context, t *task, l *walLoop) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-rotated:
+		case f := <-rotated:
+			sh.Adopt(f)
+			for more := true; more; { // every log the watch opened meanwhile
+				select {
+				case f := <-rotated:
+					sh.Adopt(f)
+				default:
+					more = false
+				}
+			}
 		case rb := <-l.rebase:
 			err := sh.Rebase(rb.n, rb.epoch, rb.logs)
 			if errors.Is(err, manifests.ErrFenced) {

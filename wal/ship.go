@@ -203,6 +203,7 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		held := map[*os.File]bool{}
 		for _, ls := range s.tl.logs {
 			held[ls.f] = true
+			s.tl.maxSeen = max(s.tl.maxSeen, ls.log)
 		}
 		for _, ls := range old {
 			if ls.f != nil && !held[ls.f] {
@@ -234,7 +235,7 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		num, _ := ParseLogName(name)
 		l, held := inSnap[name]
 		if !held && num > newest.Log {
-			continue // newer than the snapshot: shipped from its start
+			continue // newer than the snapshot: shipped from its start (below)
 		}
 		var st unix.Stat_t
 		if err := unix.Fstatat(int(s.cfg.Dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
@@ -259,6 +260,15 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		}
 		ls.shipped, ls.f = l.End, f
 		found = true
+	}
+	// Logs newer than the snapshot are shipped from their start; those
+	// held open already (Track, Adopt) stay held, even if the engine
+	// deleted them meanwhile: they hold writes made after the snapshot.
+	for name, o := range old {
+		if _, ok := s.tl.logs[name]; ok || o.f == nil || o.log <= newest.Log {
+			continue
+		}
+		s.tl.logs[name] = &logState{log: o.log, dev: o.dev, ino: o.ino, f: o.f}
 	}
 	if !found {
 		// Gone from the dir since the snapshot (the engine rotated and
@@ -287,6 +297,36 @@ func holds(f *os.File, l LogEnd) (bool, error) {
 		return false, fmt.Errorf("read log %s: %w", l.Name, err)
 	}
 	return n == len(got) && bytes.Equal(got, l.Tail), nil
+}
+
+// Adopt takes a log file Watch opened when it appeared: the shipper holds
+// it from then on (or closes it, if it holds the file already), so that
+// it is read to its end even if the engine deletes it before a round.
+func (s *Shipper) Adopt(f *os.File) {
+	name := f.Name()
+	num, ok := ParseLogName(name)
+	var st unix.Stat_t
+	if !ok || unix.Fstat(int(f.Fd()), &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG || (s.tl.ownerSet && st.Uid != s.tl.owner) {
+		f.Close()
+		return
+	}
+	ls := s.tl.logs[name]
+	switch {
+	case ls == nil && num <= s.tl.maxSeen:
+		// Seen already, and done with (shipped to its seal and dropped):
+		// a late event must not make it new again.
+		f.Close()
+	case ls == nil:
+		s.tl.maxSeen = max(s.tl.maxSeen, num)
+		// A log the shipper has not seen: while a chain runs, it is read
+		// from its start; else only held (see Track).
+		idle := s.n == 0 || s.ended != nil
+		s.tl.logs[name] = &logState{log: num, dev: uint64(st.Dev), ino: st.Ino, sealed: idle, f: f}
+	case ls.f == nil && ls.dev == uint64(st.Dev) && ls.ino == st.Ino:
+		ls.f = f
+	default:
+		f.Close()
+	}
 }
 
 // Track opens and holds the logs of the dir that the shipper does not
@@ -320,6 +360,7 @@ func (s *Shipper) Track() error {
 		}
 		num, _ := ParseLogName(name)
 		s.tl.logs[name] = &logState{log: num, dev: uint64(st.Dev), ino: st.Ino, sealed: true, f: f}
+		s.tl.maxSeen = max(s.tl.maxSeen, num)
 	}
 	for name, ls := range s.tl.logs {
 		if !present[name] {

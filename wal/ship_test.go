@@ -658,15 +658,54 @@ func TestWatchSignalsANewLog(t *testing.T) {
 	defer stop()
 	os.WriteFile(filepath.Join(dir, "000001.sst"), nil, 0o644)
 	select {
-	case <-events:
-		t.Fatal("an sst signalled")
+	case f := <-events:
+		t.Fatalf("an sst signalled: %s", f.Name())
 	case <-time.After(50 * time.Millisecond):
 	}
 	os.WriteFile(filepath.Join(dir, "tmp"), nil, 0o644)
 	os.Rename(filepath.Join(dir, "tmp"), filepath.Join(dir, "000007.log"))
 	select {
-	case <-events:
+	case f := <-events:
+		defer f.Close()
+		if f.Name() != "000007.log" {
+			t.Fatalf("the watch opened %s", f.Name())
+		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a log renamed into the dir did not signal")
+	}
+}
+
+// A log the watch opened, adopted after the shipper read it to its seal
+// and let it go, is not shipped again (its segments would not continue).
+func TestALateAdoptDoesNotShipALogAgain(t *testing.T) {
+	ctx := context.Background()
+	ld := newLiveDir(t, gapSizes, 2)
+	s := newTestStore(t)
+	owner := takeOwner(t, s, "a")
+	sh := NewShipper(ShipperConfig{Store: s, Job: testJob, Task: testTask, Dir: ld.d})
+	defer sh.Close()
+	ld.write(0, int64(len(ld.logs[0].b))) // sealed
+	early, err := os.Open(filepath.Join(ld.path, ld.name(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Rebase(1, owner.Epoch, []LogEnd{ld.copyOf(0, ld.boundary(0, 1))}); err != nil {
+		t.Fatal(err)
+	}
+	ld.write(1, ld.boundary(1, 1))
+	if r, err := sh.Ship(ctx); err != nil || r.Seq != 1 {
+		t.Fatalf("round: %+v, %v", r, err)
+	}
+	os.Remove(filepath.Join(ld.path, ld.name(0)))
+	if _, err := sh.Ship(ctx); err != nil { // lets the sealed log go
+		t.Fatal(err)
+	}
+	sh.Adopt(os.NewFile(early.Fd(), ld.name(0)))
+	ld.write(1, ld.boundary(1, 2))
+	if r, err := sh.Ship(ctx); err != nil || r.Seq == 0 {
+		t.Fatalf("round after the late adopt: %+v, %v", r, err)
+	}
+	if _, err := Chain(ctx, s, testJob, testTask, 1, owner.Epoch, 0); err != nil {
+		t.Fatalf("the chain does not read: %v", err)
 	}
 }

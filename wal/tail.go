@@ -55,6 +55,8 @@ type Tailer struct {
 	// (RequireOwner).
 	owner    uint32
 	ownerSet bool
+	// maxSeen is the highest log number the tailer has followed.
+	maxSeen uint64
 }
 
 // RequireOwner makes the tailer refuse, with an error, a log file not
@@ -282,6 +284,7 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 	if ls == nil {
 		ls = &logState{log: num, dev: uint64(st.Dev), ino: st.Ino}
 		t.logs[name] = ls
+		t.maxSeen = max(t.maxSeen, num)
 	}
 	if ls.f == nil {
 		ls.f, keep = f, true
