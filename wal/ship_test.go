@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"golang.org/x/sys/unix"
 
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
@@ -675,6 +676,15 @@ func TestWatchSignalsANewLog(t *testing.T) {
 	}
 }
 
+func dupFd(t *testing.T, f *os.File) int {
+	t.Helper()
+	fd, err := unix.Dup(int(f.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fd
+}
+
 // A log the watch opened, adopted after the shipper read it to its seal
 // and let it go, is not shipped again (its segments would not continue).
 func TestALateAdoptDoesNotShipALogAgain(t *testing.T) {
@@ -700,7 +710,9 @@ func TestALateAdoptDoesNotShipALogAgain(t *testing.T) {
 	if _, err := sh.Ship(ctx); err != nil { // lets the sealed log go
 		t.Fatal(err)
 	}
-	sh.Adopt(os.NewFile(early.Fd(), ld.name(0)))
+	// As Watch hands it over: named by the log's name.
+	sh.Adopt(os.NewFile(uintptr(dupFd(t, early)), ld.name(0)))
+	early.Close()
 	ld.write(1, ld.boundary(1, 2))
 	if r, err := sh.Ship(ctx); err != nil || r.Seq == 0 {
 		t.Fatalf("round after the late adopt: %+v, %v", r, err)
