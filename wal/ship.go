@@ -196,8 +196,19 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 		return s.fenced
 	}
 	s.n, s.epoch, s.seq, s.ended, s.through = n, epoch, 0, nil, time.Time{}
-	old := s.tl.logs
-	s.tl.logs = map[string]*logState{}
+	// Every log held for the last chain (those read to their seal and
+	// gone included) may hold writes of this one.
+	old := map[string]*logState{}
+	for name, ls := range s.tl.retired {
+		old[name] = ls
+	}
+	for name, ls := range s.tl.logs {
+		if r := old[name]; r != nil && r.f != ls.f && r.f != nil {
+			r.f.Close()
+		}
+		old[name] = ls
+	}
+	s.tl.logs, s.tl.retired = map[string]*logState{}, nil
 	defer func() {
 		// The files held for the last chain, and not for this one.
 		held := map[*os.File]bool{}

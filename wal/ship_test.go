@@ -721,3 +721,38 @@ func TestALateAdoptDoesNotShipALogAgain(t *testing.T) {
 		t.Fatalf("the chain does not read: %v", err)
 	}
 }
+
+// A checkpoint whose snapshot was taken before its newest log was sealed,
+// that log since shipped to its seal under the last chain and deleted, is
+// continued from the handle the tailer kept (a store that rotates faster
+// than checkpoints commit).
+func TestRebaseContinuesALogTheLastChainShippedToItsSeal(t *testing.T) {
+	ctx := context.Background()
+	ld := newLiveDir(t, gapSizes, 2)
+	whole := ScanRecords(ld.logs[0].b, 0, uint32(ld.logs[0].num), 0)
+	s := newTestStore(t)
+	owner := takeOwner(t, s, "a")
+	sh := NewShipper(ShipperConfig{Store: s, Job: testJob, Task: testTask, Dir: ld.d})
+	defer sh.Close()
+	ld.write(0, ld.boundary(0, 2))
+	if err := sh.Rebase(1, owner.Epoch, []LogEnd{ld.copyOf(0, ld.boundary(0, 1))}); err != nil {
+		t.Fatal(err)
+	}
+	snap2 := ld.copyOf(0, ld.boundary(0, 2)) // checkpoint 2's snapshot, committed later
+	ld.write(0, int64(len(ld.logs[0].b)))
+	ld.write(1, ld.boundary(1, 2))
+	if r, err := sh.Ship(ctx); err != nil || r.Seq != 1 {
+		t.Fatalf("round: %+v, %v", r, err)
+	}
+	os.Remove(filepath.Join(ld.path, ld.name(0)))
+	if _, err := sh.Ship(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := sh.Rebase(2, owner.Epoch, []LogEnd{snap2}); err != nil {
+		t.Fatalf("Rebase on a log shipped to its seal and gone: %v", err)
+	}
+	r, err := sh.Ship(ctx)
+	if err != nil || r.Seq != 1 || r.Records != whole.Records-2+2 {
+		t.Fatalf("checkpoint 2's first round: %+v, %v; want the %d records of log 0 after the snapshot and log 1's 2", r, err, whole.Records-2)
+	}
+}

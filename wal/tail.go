@@ -57,6 +57,39 @@ type Tailer struct {
 	ownerSet bool
 	// maxSeen is the highest log number the tailer has followed.
 	maxSeen uint64
+	// retired are logs read to their seal and gone from the dir, still
+	// open (the newest first to stay, at most retiredBytes of them): a
+	// checkpoint's snapshot taken before they were sealed is continued
+	// from them (Shipper.Rebase).
+	retired map[string]*logState
+}
+
+// retiredBytes bounds the bytes of the gone logs a tailer keeps open.
+const retiredBytes = 256 << 20
+
+// retire keeps ls, gone and read to its seal, open while the newest
+// retired logs stay within retiredBytes.
+func (t *Tailer) retire(name string, ls *logState) {
+	if t.retired == nil {
+		t.retired = map[string]*logState{}
+	}
+	if old := t.retired[name]; old != nil && old.f != ls.f {
+		old.f.Close()
+	}
+	t.retired[name] = ls
+	names := make([]string, 0, len(t.retired))
+	for n := range t.retired {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int { return cmpU(t.retired[b].log, t.retired[a].log) })
+	var total int64
+	for _, n := range names {
+		total += t.retired[n].shipped
+		if total > retiredBytes {
+			t.retired[n].f.Close()
+			delete(t.retired, n)
+		}
+	}
 }
 
 // RequireOwner makes the tailer refuse, with an error, a log file not
@@ -160,7 +193,11 @@ func (t *Tailer) Next() ([]Segment, []Gap, error) {
 			gaps = append(gaps, Gap{Name: name, Log: st.log, Shipped: st.shipped})
 		}
 		if st.f != nil {
-			st.f.Close()
+			if st.sealed {
+				t.retire(name, st)
+			} else {
+				st.f.Close()
+			}
 		}
 		delete(t.logs, name)
 	}
@@ -171,9 +208,11 @@ func (t *Tailer) Next() ([]Segment, []Gap, error) {
 
 // Close releases the log files the tailer holds open.
 func (t *Tailer) Close() {
-	for _, st := range t.logs {
-		if st.f != nil {
-			st.f.Close()
+	for _, m := range []map[string]*logState{t.logs, t.retired} {
+		for _, st := range m {
+			if st.f != nil {
+				st.f.Close()
+			}
 		}
 	}
 }
