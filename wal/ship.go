@@ -304,6 +304,9 @@ func (s *Shipper) Rebase(n, epoch uint64, logs []LogEnd) error {
 func holds(f *os.File, l LogEnd) (bool, error) {
 	got := make([]byte, len(l.Tail))
 	n, err := f.ReadAt(got, l.End-int64(len(l.Tail)))
+	if errors.Is(err, os.ErrClosed) {
+		return false, nil // let go of already
+	}
 	if err != nil && !errors.Is(err, io.EOF) {
 		return false, fmt.Errorf("read log %s: %w", l.Name, err)
 	}

@@ -756,3 +756,24 @@ func TestRebaseContinuesALogTheLastChainShippedToItsSeal(t *testing.T) {
 		t.Fatalf("checkpoint 2's first round: %+v, %v; want the %d records of log 0 after the snapshot and log 1's 2", r, err, whole.Records-2)
 	}
 }
+
+// A log whose held file was let go of while a state still names it (a
+// round undone after the tailer retired it) is opened again by its name,
+// not read through the closed file.
+func TestAClosedHeldLogIsOpenedAgain(t *testing.T) {
+	ld := newLiveDir(t, gapSizes, 1)
+	ld.write(0, ld.boundary(0, 1))
+	tl := NewTailer(ld.d, 1<<20)
+	defer tl.Close()
+	segs, _, err := tl.Next()
+	if err != nil || len(segs) != 1 {
+		t.Fatalf("%d segments, %v", len(segs), err)
+	}
+	tl.Ack(segs[0])
+	tl.logs[ld.name(0)].f.Close()
+	ld.write(0, ld.boundary(0, 3))
+	segs, _, err = tl.Next()
+	if err != nil || len(segs) != 1 || segs[0].Records != 2 {
+		t.Fatalf("after the held file was closed: %+v, %v; want the 2 new records", segs, err)
+	}
+}

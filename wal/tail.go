@@ -283,7 +283,10 @@ func (t *Tailer) read(name string) (*Segment, *Gap, error) {
 				return nil, nil, nil
 			}
 			seg, err := t.scan(name, ls, ls.f, st.Size)
-			return seg, nil, err
+			if !errors.Is(err, os.ErrClosed) {
+				return seg, nil, err
+			}
+			ls.f = nil // let go of (a state restored after a failed round): opened again below
 		}
 	}
 	fd, err := unix.Openat(int(t.dir.Fd()), name, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC|unix.O_NONBLOCK, 0)
