@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -216,5 +217,32 @@ func TestAWALDirOutsideTheRootsFailsTheRequestAndChangesNothing(t *testing.T) {
 	h.store.List(context.Background(), "job/", func(o storage.ObjectInfo) error { keys = append(keys, o.Key); return nil })
 	if len(keys) != 0 {
 		t.Fatalf("storage holds %v", keys)
+	}
+}
+
+// In node-agent mode a wal_dir gets the confinement of a snapshot dir: one
+// outside the tenant's roots, through a symlink into another tenant's, or
+// of another uid than the peer's is forbidden, and nothing is written.
+func TestATenantsWALDirIsConfinedLikeItsSnapshotDir(t *testing.T) {
+	n := startTenants(t)
+	a := n.as(n.uidA)
+	dirA := n.snapshot(n.rootA, "chk-1", n.uidA, map[string]string{"000001.sst": "alpha's data", "CURRENT": "MANIFEST-1"})
+	dbB := n.snapshot(n.rootB, "db", n.uidB, map[string]string{"000002.log": "beta's log"})
+	if err := os.Symlink(dbB, filepath.Join(n.rootA, "db-of-beta")); err != nil {
+		t.Fatal(err)
+	}
+	rootOwned := n.snapshot(n.rootA, "db-root", 0, map[string]string{"000003.log": "root's log"})
+	before := n.keys()
+	for _, walDir := range []string{dbB, filepath.Join(n.rootA, "db-of-beta"), rootOwned} {
+		ev := a.checkpoint(fmt.Sprintf(`{"op":"checkpoint","task":"a-0","checkpoint":1,"dir":%q,"wal_dir":%q}`, dirA, walDir))
+		if ev["event"] != "failed" || code(ev) != protocol.CodeForbidden {
+			t.Fatalf("wal_dir %s: %v; want forbidden", walDir, ev)
+		}
+	}
+	if after := n.keys(); !slices.Equal(before, after) {
+		t.Fatalf("storage changed: %v -> %v", before, after)
+	}
+	if _, err := os.Stat(filepath.Join(dirA, "000001.sst")); err != nil {
+		t.Fatalf("the snapshot was touched: %v", err)
 	}
 }
