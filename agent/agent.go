@@ -143,6 +143,13 @@ type Config struct {
 	// internal. nil makes the op answer unavailable.
 	Restore func(ctx context.Context, r RestoreRequest) (*restore.Result, error)
 
+	// WALInterval is how often the write-ahead log of a task whose
+	// checkpoint requests name a wal_dir is shipped between checkpoints
+	// (default 1s; negative: never, and wal_dir is ignored).
+	WALInterval time.Duration
+	// WALSegmentBytes bounds one WAL segment (default 16 MiB).
+	WALSegmentBytes int64
+
 	// Tenants, when set, puts the agent in node-agent mode: one socket
 	// serves several tenants (see Tenant), each a job of its own with its
 	// store, allowed roots, task pattern and local dir
@@ -242,6 +249,15 @@ func (c *Config) defaults() error {
 	if c.CommitPatience == 0 {
 		c.CommitPatience = 2 * time.Minute
 	}
+	if c.WALInterval == 0 {
+		c.WALInterval = time.Second
+	}
+	if c.WALSegmentBytes == 0 {
+		c.WALSegmentBytes = 16 << 20
+	}
+	if c.WALSegmentBytes < 0 {
+		return fmt.Errorf("wal segment bytes must be positive, got %d", c.WALSegmentBytes)
+	}
 	if c.StandbyInterval <= 0 {
 		c.StandbyInterval = 10 * time.Second
 	}
@@ -333,6 +349,8 @@ type Agent struct {
 	conns atomic.Int64 // open client connections
 
 	owners ownerCache // ownership records read for the job view
+
+	wal walShips // WAL shipping between checkpoints (wal.go)
 
 	// cores, in node-agent mode, are the tenants' agents: this one only
 	// listens and hands each connection to the core of its peer's tenant.
@@ -514,6 +532,7 @@ func (a *Agent) start(ctx context.Context) (unlock func(), err error) {
 func (a *Agent) background(ctx context.Context) {
 	a.jobs.Add(1)
 	go a.probeStorage(ctx)
+	a.walStart(ctx)
 	if a.cfg.DrillInterval > 0 && a.cfg.Drill != nil {
 		a.jobs.Add(1)
 		go a.drills(ctx)
@@ -756,7 +775,9 @@ func (a *Agent) handle(ctx context.Context, c *conn, req protocol.Request) {
 	case protocol.OpStatus:
 		c.send(protocol.Event{Event: "status", ID: req.ID, Tasks: a.status(req.Task)})
 	case protocol.OpCheckpoint:
-		a.checkpoint(c, req)
+		if a.walRequest(c, req) {
+			a.checkpoint(c, req)
+		}
 	case protocol.OpAbort:
 		a.abort(c, req)
 	case protocol.OpRestore:

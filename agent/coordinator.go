@@ -51,6 +51,8 @@ type flight struct {
 	snap   *localrecovery.Snapshot
 	// result holds the sizes of a completed checkpoint for telemetry.
 	result telemetry.CheckpointRecord
+	// epoch is the owner's epoch the completed checkpoint was committed by.
+	epoch uint64
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -260,6 +262,7 @@ func (a *Agent) run(ck *flight) {
 		ck.c.send(ev)
 		a.local.RemoveDiscarded() // the previous local copy, now in the background
 		a.maybeSweep()
+		a.walCheckpointed(ck) // the WAL now extends this checkpoint (wal.go)
 		a.finish(ck, true)
 		return
 	}
@@ -355,6 +358,7 @@ func (a *Agent) upload(ctx context.Context, ck *flight) (protocol.Event, error) 
 		return protocol.Event{}, txnError(req, err)
 	}
 	m := res.Manifest
+	ck.epoch = m.Epoch
 	dur := time.Since(ck.start).Milliseconds()
 	ck.result = telemetry.CheckpointRecord{CheckpointSize: m.CheckpointSize, FullSize: m.FullSize,
 		FilesUploaded: m.FilesUploaded, FilesReused: m.FilesReused, BytesUploaded: m.CheckpointSize}

@@ -95,6 +95,17 @@ func (c *Committer) ownLocked(ctx context.Context, t *task, recheck, restoring b
 	return rec, nil
 }
 
+// Fence records that a newer owner fenced this agent for task, when err
+// (from another writer of the task's, such as its WAL shipping) is a
+// *manifests.FencedError: its checkpoints then fail as Run's do, until a
+// restore re-owns the task. It returns err.
+func (c *Committer) Fence(name string, err error) error {
+	c.mu.Lock()
+	t := c.taskLocked(name)
+	c.mu.Unlock()
+	return c.fence(t, err)
+}
+
 // fence records that a newer owner fenced this agent for t when err is a
 // *manifests.FencedError, until a restore re-owns the task (own); it
 // returns err.

@@ -51,7 +51,7 @@ type OpSpec struct {
 // lists them.
 var ops = []OpSpec{
 	{Op: OpHello, Final: "hello", Refusal: "error"},
-	{Op: OpCheckpoint, Fields: []string{"task", "checkpoint", "dir", "engine", "handoff", "traceparent", "tasks", "job", "timeout_ms"},
+	{Op: OpCheckpoint, Fields: []string{"task", "checkpoint", "dir", "engine", "handoff", "traceparent", "tasks", "job", "timeout_ms", "wal_dir"},
 		Interim: "synced", Final: "completed", Refusal: "failed", Scoped: true, check: checkCheckpoint},
 	{Op: OpAbort, Fields: []string{"task", "checkpoint", "job"}, Final: "aborted", Refusal: "error", Scoped: true,
 		check: func(r *Request) *Error {
@@ -130,6 +130,9 @@ func checkCheckpoint(r *Request) *Error {
 	}
 	if !filepath.IsAbs(r.Dir) {
 		return Errorf(CodeBadRequest, "dir must be an absolute path, got %q", r.Dir)
+	}
+	if r.WALDir != "" && !filepath.IsAbs(r.WALDir) {
+		return Errorf(CodeBadRequest, "wal_dir must be an absolute path, got %q", r.WALDir)
 	}
 	if len(r.Engine) > 64 {
 		return Errorf(CodeBadRequest, "engine name too long")

@@ -111,6 +111,11 @@ type Request struct {
 	// phase in milliseconds; it may lower the agent's --checkpoint-timeout,
 	// never raise it.
 	TimeoutMS uint64 `json:"timeout_ms,omitempty"`
+	// WALDir (checkpoint), when given, is the absolute path of the live
+	// store's directory: between this checkpoint and the next, the agent
+	// ships the new records of the write-ahead logs there (see
+	// docs/protocol.md). It is confined like dir.
+	WALDir string `json:"wal_dir,omitempty"`
 }
 
 // MaxTimeoutMS bounds a checkpoint request's timeout_ms: a week.

@@ -78,6 +78,7 @@ type taskPage struct {
 	Last     *lastCheckpoint
 	Drill    *drillSummary
 	Standby  *standbySummary
+	WAL      *walSummary
 	InFlight int
 	Window   int // records in History
 	Counts   struct{ Completed, Failed, Aborted int }
@@ -123,6 +124,18 @@ type standbySummary struct {
 	FailoverOf   string
 	Error        string
 	Ago          string
+}
+
+// walSummary is the shipping of a task's WAL between checkpoints: its
+// lag is the task's recovery point.
+type walSummary struct {
+	Checkpoint, Seq uint64
+	Lag             time.Duration
+	LagH            string
+	Bytes           string
+	Segments, Gaps  int64
+	Ended           string
+	Ago             string
 }
 
 type historyRow struct {
@@ -255,6 +268,15 @@ func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
 		if sb.Failover > 0 {
 			tp.Standby.Failover, tp.Standby.FailoverH, tp.Standby.FailoverOf = sb.Failover, human.Duration(sb.Failover), human.Bytes(sb.FailoverBytes)
 		}
+	}
+	if w := tv.WAL; w != nil {
+		ws := &walSummary{Checkpoint: w.Checkpoint, Seq: w.Seq, Bytes: human.Bytes(w.Bytes), Segments: w.Segments,
+			Gaps: w.Gaps, Ended: w.Ended, Ago: ago(now, w.At)}
+		if !w.Through.IsZero() {
+			ws.Lag = max(now.Sub(w.Through), 0)
+			ws.LagH = human.Duration(ws.Lag)
+		}
+		tp.WAL = ws
 	}
 	for i := len(tv.History) - 1; i >= 0; i-- {
 		r := tv.History[i]
@@ -534,6 +556,10 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 {{with .Standby}}
 <tr><th>warm standby</th><td>{{if .Error}}<span class="value bad standby-failed">refresh failed</span><div class="sub">holds checkpoint {{.Held}}: {{.Error}}</div>{{else}}holds checkpoint <span class="value standby-held">{{.Held}}</span> of {{.Newest}} · lag <span class="value standby-lag" data-ns="{{.Lag.Nanoseconds}}">{{.LagH}}</span>
 <div class="sub">a failover restore on this node is local{{if .FailoverH}}: measured <span class="value standby-failover" data-ns="{{.Failover.Nanoseconds}}">{{.FailoverH}}</span> for {{.FailoverOf}}{{end}} · last refresh fetched {{.Remote}}{{if .Ago}} · {{.Ago}}{{end}}</div>{{end}}</td></tr>
+{{end}}
+{{with .WAL}}
+<tr><th>WAL lag (RPO)</th><td>{{if .LagH}}<span class="value wal-lag{{if .Ended}} bad{{end}}" data-ns="{{.Lag.Nanoseconds}}">{{.LagH}}</span>{{else}}<span class="value wal-lag">none shipped yet</span>{{end}}
+<div class="sub">WAL of checkpoint {{.Checkpoint}}: {{.Seq}} commits, {{.Segments}} segments, {{.Bytes}}{{if .Gaps}} · <span class="bad">{{.Gaps}} gaps</span>{{end}}{{if .Ended}} · stopped until the next checkpoint: {{.Ended}}{{end}}{{if .Ago}} · {{.Ago}}{{end}}</div></td></tr>
 {{end}}
 <tr class="sep"><th>in flight</th><td><span class="value in-flight">{{.InFlight}}</span></td></tr>
 <tr><th>failed · aborted</th><td><span class="value failed-count{{if .Counts.Failed}} bad{{end}}">{{.Counts.Failed}}</span> · <span class="value aborted-count{{if .Counts.Aborted}} bad{{end}}">{{.Counts.Aborted}}</span> {{if .Window}}<span class="sub">of the last {{.Window}}</span>{{end}}</td></tr>

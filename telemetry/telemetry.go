@@ -113,6 +113,9 @@ type TaskView struct {
 	// Blocked, when set, says why the task's checkpoints cannot complete
 	// until an operator acts (cleared by the next completed checkpoint).
 	Blocked *BlockedRecord `json:"blocked,omitempty"`
+	// WAL is the shipping of the task's write-ahead log between
+	// checkpoints, when its checkpoints name a wal_dir.
+	WAL *WALRecord `json:"wal,omitempty"`
 }
 
 // View is everything the status page shows.
@@ -182,6 +185,7 @@ type instruments struct {
 	standbyFailover                           metric.Float64Gauge
 	requests                                  metric.Int64Counter
 	health                                    healthInstruments
+	wal                                       walInstruments
 }
 
 // JobLabel is the metric attribute naming the job: not "job", which is
@@ -323,6 +327,7 @@ func (t *instruments) create(m metric.Meter) error {
 	t.standbyBytes = ctr("ckpt.standby", "By", "Bytes a warm standby's refreshes took, by source (local: from its older copy, remote: from storage).")
 	t.requests = ctr("ckpt.requests", "{request}", "Socket requests by op and outcome: ok for accepted ones, else the error code they were refused with (op connect: connections refused at accept).")
 	errs = append(errs, t.health.create(m))
+	errs = append(errs, t.wal.create(m))
 	return errors.Join(errs...)
 }
 
@@ -562,6 +567,10 @@ func (t *Telemetry) View() View {
 		if tv.LastDrill != nil {
 			d := *tv.LastDrill
 			c.LastDrill = &d
+		}
+		if tv.WAL != nil {
+			w := *tv.WAL
+			c.WAL = &w
 		}
 		v.Tasks = append(v.Tasks, c)
 	}

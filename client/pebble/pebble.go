@@ -18,6 +18,11 @@
 // even a flushed checkpoint would ship up to a memtable of dead bytes.
 // Snapshot trims each WAL of the snapshot (a copy, never the store's own
 // file) after its last valid record.
+//
+// Checkpoint also names the store's directory as the request's wal_dir:
+// from the checkpoint's completion on, the agent ships the store's new
+// WAL records every few seconds (its --wal-interval), so a restore can
+// recover writes made after the checkpoint. WithoutWAL turns that off.
 package pebble
 
 import (
@@ -44,6 +49,7 @@ type Option func(*options)
 
 type options struct {
 	noFlush bool
+	noWAL   bool
 }
 
 // WithoutFlush makes the Pebble checkpoint without flushing the memtable
@@ -54,6 +60,11 @@ type options struct {
 // writes so little between checkpoints that the WAL stays small.
 func WithoutFlush() Option { return func(o *options) { o.noFlush = true } }
 
+// WithoutWAL makes Checkpoint name no wal_dir: the agent ships no WAL
+// between checkpoints for this task (and stops shipping it once this
+// checkpoint completes), so a restore recovers the checkpoint only.
+func WithoutWAL() Option { return func(o *options) { o.noWAL = true } }
+
 // Checkpoint checkpoints an open Pebble DB through the agent c: it makes a
 // Pebble checkpoint (Snapshot: the memtable flushed, unless WithoutFlush,
 // and a flushed WAL) in a fresh directory next to the store (dbDir is the
@@ -63,14 +74,25 @@ func WithoutFlush() Option { return func(o *options) { o.noFlush = true } }
 // agent moves it in one rename rather than linking each file. The app
 // waits for the flush, the Pebble checkpoint and that rename; the upload
 // goes on in the agent, and Pending.Wait returns its outcome. An error
-// event from the agent is returned as a *client.Error.
+// event from the agent is returned as a *client.Error. The request names
+// dbDir as its wal_dir unless WithoutWAL is given.
 func Checkpoint(ctx context.Context, c *client.Client, db *pebble.DB, dbDir, task string, n uint64, opts ...Option) (*client.Pending, error) {
 	dir, err := Snapshot(db, dbDir, n, opts...)
 	if err != nil {
 		return nil, err
 	}
 	defer os.RemoveAll(dir) // gone already when handed off; removed here when refused
-	return c.Send(ctx, client.Request{Task: task, Checkpoint: n, Dir: dir, Engine: Engine, Handoff: true})
+	req := client.Request{Task: task, Checkpoint: n, Dir: dir, Engine: Engine, Handoff: true}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if !o.noWAL {
+		if req.WALDir, err = filepath.Abs(dbDir); err != nil {
+			return nil, fmt.Errorf("pebble checkpoint %d: wal dir: %w", n, err)
+		}
+	}
+	return c.Send(ctx, req)
 }
 
 // Snapshot makes the Pebble checkpoint that Checkpoint hands off: it

@@ -82,6 +82,8 @@ type agentOptions struct {
 	logLevel                           string
 	config                             string
 	tenants                            string
+	walInterval                        time.Duration
+	walSegmentBytes                    int64
 }
 
 // defineAgentFlags defines every flag of `ckpt agent` on fs, one line each,
@@ -123,6 +125,8 @@ func defineAgentFlags(fs *flag.FlagSet) *agentOptions {
 	fs.DurationVar(&o.standbyEvery, "standby-interval", 10*time.Second, "how often each followed task's copy is brought up to date")
 	fs.Int64Var(&o.standbyRate, "standby-rate", 0, "bandwidth limit for standby downloads in bytes/s (0: unlimited)")
 	fs.BoolVar(&o.createStorage, "create-storage", false, "create a file:// storage directory that does not exist yet (other commands refuse a missing one)")
+	fs.DurationVar(&o.walInterval, "wal-interval", time.Second, "ship the write-ahead log of tasks whose checkpoint requests name a wal_dir this often between checkpoints (0: never)")
+	fs.Int64Var(&o.walSegmentBytes, "wal-segment-bytes", 16<<20, "most bytes of one shipped WAL segment (a single larger record is a segment of its own)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&o.config, "config", "", "YAML or JSON file of flag values, keyed by flag name (the command line and CKPT_<FLAG> variables win)")
 	fs.StringVar(&o.tenants, "tenants", "", "node-agent mode: YAML or JSON file of tenants, each matched by peer uid/gid (and cgroup) to its job, storage, allow_roots and tasks pattern; replaces --storage, --job, --allow-root, --allow-uid, --allow-gid (see deploy/node-agent)")
@@ -221,6 +225,12 @@ func (o *agentOptions) check(fs *flag.FlagSet) error {
 	if o.uploadRate < 0 || o.drillRate < 0 || o.scrubRate < 0 || o.standbyRate < 0 {
 		return usageError{fmt.Errorf("--upload-rate, --drill-rate, --scrub-rate and --standby-rate must not be negative")}
 	}
+	if o.walInterval < 0 {
+		return usageError{fmt.Errorf("--wal-interval must not be negative (0: never)")}
+	}
+	if o.walSegmentBytes < 4096 {
+		return usageError{fmt.Errorf("--wal-segment-bytes must be at least 4096, got %d", o.walSegmentBytes)}
+	}
 	if o.standbyEvery <= 0 {
 		return usageError{fmt.Errorf("--standby-interval must be positive")}
 	}
@@ -285,6 +295,7 @@ func runAgent(ctx context.Context, args []string) error {
 		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
 		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued, ManifestFormat: o.manifestFormat,
 		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
+		WALInterval: o.walIntervalCfg(), WALSegmentBytes: o.walSegmentBytes,
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: o.job, Task: r.Task, Checkpoint: r.Checkpoint,
@@ -388,4 +399,13 @@ func createFileStorage(rawURL string) error {
 		return fmt.Errorf("--create-storage: %w", err)
 	}
 	return nil
+}
+
+// walIntervalCfg is --wal-interval as agent.Config takes it: 0 (never)
+// is negative there.
+func (o *agentOptions) walIntervalCfg() time.Duration {
+	if o.walInterval == 0 {
+		return -1
+	}
+	return o.walInterval
 }

@@ -71,6 +71,7 @@ func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.D
 		Retain: o.retain, GCGrace: o.grace, GCInterval: o.gcInterval, ReuseCheckMaxAge: o.reuseMaxAge, ScrubRate: o.scrubRate,
 		UploadConcurrency: o.conc, MaxConcurrent: o.maxConc, MaxQueued: o.maxQueued, ManifestFormat: o.manifestFormat,
 		ShutdownGrace: o.shutdown, CommitPatience: o.patience, CheckpointTimeout: ckptTimeout, Version: version, Logger: log,
+		WALInterval: o.walIntervalCfg(), WALSegmentBytes: o.walSegmentBytes,
 		DrillInterval: o.drillEvery,
 	}
 	cfg.TenantServices = func(t agent.Tenant, tenantDir string) (agent.TenantServices, error) {

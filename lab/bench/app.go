@@ -259,7 +259,7 @@ func (r *run) appRun(ctx context.Context, name string, m appMode) (*AppThroughpu
 			storagePID = r.tgt.pid
 		}
 		take = func(n uint64) (*taken, error) {
-			pend, err := pebble.Checkpoint(ctx, sc.client, r.w.DB(), r.w.Dir(), task, n)
+			pend, err := pebble.Checkpoint(ctx, sc.client, r.w.DB(), r.w.Dir(), task, n, pebble.WithoutWAL()) // checkpoints alone: the wal section measures WAL shipping
 			if err != nil {
 				return nil, err
 			}

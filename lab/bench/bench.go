@@ -113,7 +113,7 @@ type Options struct {
 }
 
 // Sections, in the order they run.
-var Sections = []string{"incremental", "restore", "app", "peers", "e2e", "pause", "memory", "rescale", "shapes", "scale"}
+var Sections = []string{"incremental", "restore", "app", "wal", "peers", "e2e", "pause", "memory", "rescale", "shapes", "scale"}
 
 func (o *Options) defaults() error {
 	if o.StateBytes == 0 {
@@ -302,6 +302,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}{
 		{"incremental", r.incremental},
 		{"app", r.appThroughput},
+		{"wal", r.walShipping},
 		{"peers", r.peers},
 		{"e2e", r.endToEnd},
 		{"pause", r.pause},

@@ -20,6 +20,7 @@ type Report struct {
 	IncrementalVsFull *IncrementalVsFull `json:"incremental_vs_full"`
 	Restore           *RestoreFigure     `json:"local_vs_remote_restore"`
 	AppThroughput     *AppThroughput     `json:"app_throughput"`
+	WAL               *WALShipping       `json:"wal_shipping"`
 	Transfer          *Transfer          `json:"transfer"`
 	EndToEnd          *EndToEnd          `json:"end_to_end"`
 	Pause             []Pause            `json:"pause"`
@@ -401,6 +402,14 @@ func (r *Report) finish() {
 	add("local restore speedup over remote restore (every local byte hashed)", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.Speedup }), "x", ">=", 15, false, note)
 	add("local restore speedup over remote restore (--verify-local=identity)", rs != nil, val(rs, func(r *RestoreFigure) float64 { return r.SpeedupIdentity }), "x", ">=", 50, false,
 		"unchanged inodes of the local copy trusted, the rest hashed; remote bytes always hashed")
+	w := r.WAL
+	note = ""
+	if w != nil {
+		note = fmt.Sprintf("WAL shipped every %s, a checkpoint every %s in both; write rates min/median/max %.0f/%.0f/%.0f with, %.0f/%.0f/%.0f without; load %s",
+			msDuration(w.WALIntervalMS), msDuration(w.CheckpointEveryMS), w.WithMin, w.WithMedian, w.WithMax, w.WithoutMin, w.WithoutMedian, w.WithoutMax, strings.Join(w.Load, " -> "))
+	}
+	add("app throughput with WAL shipping / without", w != nil, val(w, func(w *WALShipping) float64 { return w.Ratio }), "x", ">=", 0.95, false, note)
+	add("WAL bytes shipped per byte of WAL written", w != nil && w.WALBytes > 0, val(w, func(w *WALShipping) float64 { return w.ShippedPerWALByte }), "x", "<=", 1.05, false, "")
 	at := r.AppThroughput
 	note = ""
 	if at != nil {

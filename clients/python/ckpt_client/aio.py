@@ -66,10 +66,11 @@ class AsyncClient:
     async def checkpoint(self, task: str, n: int, dir: str, *, engine: Optional[str] = None, handoff: bool = False,
                          timeout: Optional[float] = None, tasks: Optional[Sequence[str]] = None,
                          job: Optional[str] = None, traceparent: Optional[str] = None,
-                         on_synced: Optional[OnSynced] = None, wait: Optional[float] = None) -> Event:
+                         on_synced: Optional[OnSynced] = None, wait: Optional[float] = None,
+                         wal_dir: Optional[str] = None) -> Event:
         """See Client.checkpoint."""
         return await self._call("checkpoint", checkpoint_fields(task, n, dir, engine, handoff, timeout, tasks, job,
-                                                                traceparent), wait, on_synced)
+                                                                traceparent, wal_dir), wait, on_synced)
 
     async def restore(self, task: str, target: str, checkpoint: int = 0, *, job_consistent: bool = False,
                       job: Optional[str] = None, wait: Optional[float] = None) -> Event:

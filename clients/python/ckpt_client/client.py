@@ -30,12 +30,14 @@ OnSynced = Callable[[Event], None]
 
 def checkpoint_fields(task: str, n: int, dir: str, engine: Optional[str], handoff: bool,
                       timeout: Optional[float], tasks: Optional[Sequence[str]], job: Optional[str],
-                      traceparent: Optional[str]) -> Dict[str, Any]:
+                      traceparent: Optional[str], wal_dir: Optional[str] = None) -> Dict[str, Any]:
     """The fields of a checkpoint request."""
     if n <= 0:
         raise ValueError(f"checkpoint number must be positive, got {n}")
     if not os.path.isabs(dir):
         raise ValueError(f"dir must be an absolute path, got {dir!r}")
+    if wal_dir is not None and not os.path.isabs(wal_dir):
+        raise ValueError(f"wal_dir must be an absolute path, got {wal_dir!r}")
     timeout_ms = None
     if timeout is not None:
         if timeout <= 0:
@@ -43,7 +45,7 @@ def checkpoint_fields(task: str, n: int, dir: str, engine: Optional[str], handof
         timeout_ms = max(1, math.ceil(timeout * 1000))
     return {"task": task, "checkpoint": n, "dir": dir, "engine": engine, "handoff": handoff,
             "timeout_ms": timeout_ms, "tasks": list(tasks) if tasks else None, "job": job,
-            "traceparent": traceparent}
+            "traceparent": traceparent, "wal_dir": wal_dir}
 
 
 def dial_error(path: str, waited: float, err: BaseException) -> ConnectFailed:
@@ -100,7 +102,8 @@ class Client:
     def checkpoint(self, task: str, n: int, dir: str, *, engine: Optional[str] = None, handoff: bool = False,
                    timeout: Optional[float] = None, tasks: Optional[Sequence[str]] = None,
                    job: Optional[str] = None, traceparent: Optional[str] = None,
-                   on_synced: Optional[OnSynced] = None, wait: Optional[float] = None) -> Event:
+                   on_synced: Optional[OnSynced] = None, wait: Optional[float] = None,
+                   wal_dir: Optional[str] = None) -> Event:
         """Checkpoint ``n`` of ``task`` from the snapshot in ``dir`` (an
         absolute path), and return the completed event once it is in storage
         (``checkpoint_size``, ``full_size``, ``files_uploaded``,
@@ -112,10 +115,13 @@ class Client:
         makes it job-wide. ``on_synced`` is called with the synced event as
         soon as the agent holds its own copy: from then on dir may be
         deleted. ``wait`` bounds the call in seconds (WaitTimeout; the
-        checkpoint goes on). Raises an AgentError subclass with the agent's
-        code, Aborted, or ConnectionLost.
+        checkpoint goes on). ``wal_dir``, the live store's directory (an
+        absolute path), makes the agent ship the store's write-ahead log
+        between this checkpoint and the next. Raises an AgentError subclass
+        with the agent's code, Aborted, or ConnectionLost.
         """
-        return self._call("checkpoint", checkpoint_fields(task, n, dir, engine, handoff, timeout, tasks, job, traceparent),
+        return self._call("checkpoint", checkpoint_fields(task, n, dir, engine, handoff, timeout, tasks, job, traceparent,
+                                                          wal_dir),
                           wait, on_synced)
 
     def restore(self, task: str, target: str, checkpoint: int = 0, *, job_consistent: bool = False,

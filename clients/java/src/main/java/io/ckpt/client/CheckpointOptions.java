@@ -1,5 +1,6 @@
 package io.ckpt.client;
 
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.List;
 import java.util.function.Consumer;
@@ -17,6 +18,7 @@ public final class CheckpointOptions {
     String traceparent;
     Consumer<Event> onSynced;
     Duration waitFor;
+    Path walDir;
 
     /** The store's engine ("pebble", "rocksdb"), when known. */
     public CheckpointOptions engine(String engine) {
@@ -57,6 +59,15 @@ public final class CheckpointOptions {
     /** Called with the synced event: from then on the app may delete dir. */
     public CheckpointOptions onSynced(Consumer<Event> onSynced) {
         this.onSynced = onSynced;
+        return this;
+    }
+
+    /**
+     * The live store's directory (absolute): the agent ships the store's
+     * write-ahead log between this checkpoint and the next.
+     */
+    public CheckpointOptions walDir(Path walDir) {
+        this.walDir = walDir;
         return this;
     }
 

@@ -134,6 +134,12 @@ public final class Client implements AutoCloseable {
         f.put("tasks", opts.tasks);
         f.put("job", opts.job);
         f.put("traceparent", opts.traceparent);
+        if (opts.walDir != null) {
+            if (!opts.walDir.isAbsolute()) {
+                throw new IllegalArgumentException("walDir must be an absolute path, got " + opts.walDir);
+            }
+            f.put("wal_dir", opts.walDir.toString());
+        }
         return call("checkpoint", f, opts.onSynced);
     }
 
