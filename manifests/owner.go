@@ -84,6 +84,19 @@ type Owner struct {
 	// Volume is the identity of the volume the taker's local dir is on
 	// (sidecar mode; empty in node-agent mode and before ckpt recorded it).
 	Volume string `json:"volume,omitempty"`
+	// WALResumed, when set, says the taker's local state came from a
+	// restore of checkpoint Checkpoint of the owner of Epoch extended with
+	// that owner's WAL up to manifest Seq: a restore uses the WAL of that
+	// owner only so far. Without it, a restore uses no WAL of the owners
+	// before this one (see wal.Usable).
+	WALResumed *WALResumed `json:"wal_resumed,omitempty"`
+}
+
+// WALResumed is the WAL position a taker's local state was restored to.
+type WALResumed struct {
+	Checkpoint uint64 `json:"checkpoint"`
+	Epoch      uint64 `json:"epoch"`
+	Seq        uint64 `json:"seq"`
 }
 
 // ErrOwnedElsewhere is wrapped by the error of an agent that may not take a
