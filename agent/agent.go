@@ -282,7 +282,9 @@ type RestoreRequest struct {
 	Task          string
 	Checkpoint    uint64
 	JobConsistent bool
-	Target        string
+	// To is the request's "to" ("" for the default: see restore.DefaultTo).
+	To     string
+	Target string
 	// Parent is Target's parent directory, opened under an allowed root
 	// (filepath.Dir(Target) is only its name): the restore must create and
 	// place Target relative to it (restore.Options.TargetParent), never
@@ -833,7 +835,7 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
 			return
 		}
-		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent,
+		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent, To: req.To,
 			Target: target, Parent: parent.File()})
 		if err != nil {
 			fail(err)
