@@ -54,7 +54,7 @@ func UsableChain(ctx context.Context, s storage.Store, job, task string, n, epoc
 	if err != nil || !use {
 		return nil, why, err
 	}
-	chain, err = Chain(ctx, s, job, task, n, epoch, upTo)
+	chain, err = readChain(ctx, s, job, task, n, epoch, upTo)
 	if err != nil {
 		return nil, "", err
 	}
@@ -63,4 +63,31 @@ func UsableChain(ctx context.Context, s storage.Store, job, task string, n, epoc
 			job, task, n, epoch, upTo, len(chain))
 	}
 	return chain, "", nil
+}
+
+// readChain reads the WAL manifests of checkpoint n by epoch from seq 1 to
+// the first missing one (or to upTo when upTo > 0). Unlike Chain it leaves
+// the continuity of logs across manifests to Apply, which stops at a hole
+// with the snapshot in view rather than failing the restore; a manifest
+// that does not decode still fails it (a bad object in storage).
+func readChain(ctx context.Context, s storage.Store, job, task string, n, epoch, upTo uint64) ([]*Manifest, error) {
+	seqs, err := Seqs(ctx, s, job, task, n, epoch)
+	if err != nil {
+		return nil, err
+	}
+	var out []*Manifest
+	for i, seq := range seqs {
+		if seq != uint64(i+1) || (upTo > 0 && seq > upTo) {
+			break
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		m, err := Load(ctx, s, job, task, n, epoch, seq)
+		if err != nil {
+			return nil, fmt.Errorf("%w (restore with --to checkpoint to leave the WAL out)", err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
 }
