@@ -241,18 +241,19 @@ func TestApplyStopsAtAHoleAndNeverPlacesALaterLog(t *testing.T) {
 // A segment object that is not what its manifest says fails the apply
 // before a byte of it is written.
 func TestApplyFailsOnABadOrMissingSegment(t *testing.T) {
-	for name, spoil := range map[string]func(s *file.Store, key string) error{
-		"corrupt": func(s *file.Store, key string) error {
-			bad := bytes.Repeat([]byte{1}, 64)
+	for name, spoil := range map[string]func(s *file.Store, key string, data []byte) error{
+		"corrupt": func(s *file.Store, key string, data []byte) error {
+			bad := bytes.Clone(data) // the right size, one bit flipped
+			bad[len(bad)/2] ^= 1
 			return s.Put(context.Background(), key, bytes.NewReader(bad), int64(len(bad)))
 		},
-		"missing": func(s *file.Store, key string) error { return s.Delete(context.Background(), key) },
+		"missing": func(s *file.Store, key string, _ []byte) error { return s.Delete(context.Background(), key) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newWALFixture(t)
 			f.commit()
 			m := &Manifest{Job: "job", Task: "t", Checkpoint: 7, Epoch: 1}
-			if err := spoil(f.store, m.SegmentKey(f.chain[1][1])); err != nil {
+			if err := spoil(f.store, m.SegmentKey(f.chain[1][1]), f.b.b[:f.bb[5]]); err != nil {
 				t.Fatal(err)
 			}
 			_, err := f.apply()
