@@ -63,10 +63,10 @@ func walEnv(t *testing.T) *env {
 
 // shipWAL commits WAL manifest seq of checkpoint 3 (epoch 0) with one
 // segment of log 5 from start, and returns its bytes.
-func (e *env) shipWAL(seq uint64, start int64, through time.Time) []byte {
+func (e *env) shipWAL(seq uint64, start, size int64, through time.Time) []byte {
 	e.t.Helper()
 	ctx := context.Background()
-	data := bytes.Repeat([]byte{byte(seq)}, 1000)
+	data := bytes.Repeat([]byte{byte(seq)}, int(size))
 	sum := sha256.Sum256(data)
 	ref := wal.SegmentRef{Name: "000005.log", Log: 5, Start: start, End: start + int64(len(data)), Records: 1, SHA256: hex.EncodeToString(sum[:])}
 	m := &wal.Manifest{Job: "job", Task: "t", Checkpoint: 3, Seq: seq, ThroughUnixMs: through.UnixMilli(), Segments: []wal.SegmentRef{ref}}
@@ -82,8 +82,16 @@ func (e *env) shipWAL(seq uint64, start int64, through time.Time) []byte {
 func TestRestoreToLatestAppliesTheWALBeforeTheRename(t *testing.T) {
 	e := walEnv(t)
 	through := time.Now().Add(-2 * time.Second)
-	seg1 := e.shipWAL(1, 0, through.Add(-time.Second))
-	seg2 := e.shipWAL(2, 1000, through)
+	// The log keeps its size ("torn" is cut, 4 bytes added): only its
+	// content says it is no longer the checkpoint's.
+	seg1 := e.shipWAL(1, 0, 1, through.Add(-time.Second))
+	seg2 := e.shipWAL(2, 1, 3, through)
+	// No local copy: the restore comes from storage and is recorded in the
+	// local dir (Adopt) once placed.
+	if err := e.local.Discard("t", 3); err != nil {
+		t.Fatal(err)
+	}
+	e.local.Wait()
 	res, err := e.run(restore.Options{To: restore.ToLatest, LocalDir: filepath.Join(e.base, "local")})
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +101,7 @@ func TestRestoreToLatestAppliesTheWALBeforeTheRename(t *testing.T) {
 		t.Fatalf("the log holds %d bytes, want the snapshot's copy cut at its last record (0) and both segments", len(got))
 	}
 	p := res.WALPosition
-	if p == nil || p.Seq != 2 || p.Log != "000005.log" || p.Offset != 2000 || res.WALSegments != 2 || res.WALBytes != 2000 || res.To != restore.ToLatest {
+	if p == nil || p.Seq != 2 || p.Log != "000005.log" || p.Offset != 4 || res.WALSegments != 2 || res.WALBytes != 4 || res.To != restore.ToLatest {
 		t.Fatalf("result %+v position %+v", res, p)
 	}
 	// The newest write recovered is the last manifest's through time.
@@ -120,7 +128,7 @@ func TestRestoreToLatestAppliesTheWALBeforeTheRename(t *testing.T) {
 // target: the WAL is applied before the rename.
 func TestABadWALSegmentFailsTheRestoreAndPlacesNothing(t *testing.T) {
 	e := walEnv(t)
-	e.shipWAL(1, 0, time.Now())
+	e.shipWAL(1, 0, 1000, time.Now())
 	var key string
 	e.store.List(context.Background(), wal.Prefix("job", "t", 3, 0)+"seg/", func(o storage.ObjectInfo) error { key = o.Key; return nil })
 	bad := bytes.Repeat([]byte{9}, 1000)
@@ -146,7 +154,7 @@ func TestAZombiesWALAfterATakeoverIsIgnored(t *testing.T) {
 	if _, err := manifests.TakeOwnership(ctx, e.store, "job", "t", "node-b", "agent-b"); err != nil {
 		t.Fatal(err)
 	}
-	e.shipWAL(1, 0, time.Now()) // the old owner (epoch 0) after the takeover
+	e.shipWAL(1, 0, 1000, time.Now()) // the old owner (epoch 0) after the takeover
 	res, err := e.run(restore.Options{To: restore.ToLatest})
 	if err != nil {
 		t.Fatal(err)
