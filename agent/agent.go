@@ -615,6 +615,7 @@ func (a *Agent) drills(ctx context.Context) {
 				rec.Checkpoint, rec.Bytes, rec.Files = res.Checkpoint, res.Bytes, res.Files
 				rec.Duration = time.Duration(res.DurationMS) * time.Millisecond
 				rec.Throughput, rec.Verified = res.ThroughputBytesPerS, res.Verified
+				rec.RPO = time.Duration(res.RPOMS) * time.Millisecond
 				if res.Sample {
 					// What was read and verified: the duration is the sample's.
 					rec.Sample, rec.Bytes, rec.Files = true, res.SampleBytes, res.SampleFiles
@@ -623,7 +624,7 @@ func (a *Agent) drills(ctx context.Context) {
 						"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
 				} else {
 					a.log.Info("restore drill", "task", st.Task, "checkpoint", res.Checkpoint, "bytes", res.Bytes,
-						"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
+						"duration_ms", res.DurationMS, "rpo_ms", res.RPOMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
 				}
 			}
 			a.cfg.Telemetry.DrillEnded(ctx, rec)

@@ -164,3 +164,24 @@ func TestAZombiesWALAfterATakeoverIsIgnored(t *testing.T) {
 		t.Fatalf("log %q, %d segments, stopped %q: the zombie's WAL was used", got, res.WALSegments, res.WALStopped)
 	}
 }
+
+// A drill restores to latest and reports its recovery point: the age of
+// the newest write its restore recovered.
+func TestADrillReportsItsRecoveryPoint(t *testing.T) {
+	e := walEnv(t)
+	e.shipWAL(1, 0, 100, time.Now().Add(-3*time.Second))
+	res, err := restore.Drill(context.Background(), restore.DrillOptions{Store: e.store, Job: "job", Task: "t", ScratchDir: e.base})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RPOMS < 3000 || res.RPOMS > 60_000 || res.WALSegments != 1 || res.WALBytes != 100 {
+		t.Fatalf("drill: rpo %d ms, %d segments, %d bytes; want about 3000 ms, 1, 100", res.RPOMS, res.WALSegments, res.WALBytes)
+	}
+	res, err = restore.Drill(context.Background(), restore.DrillOptions{Store: e.store, Job: "job", Task: "t", ScratchDir: e.base, To: restore.ToCheckpoint})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RPOMS < 3600_000 || res.WALSegments != 0 {
+		t.Fatalf("drill to the checkpoint: rpo %d ms, %d segments; want the checkpoint's hour", res.RPOMS, res.WALSegments)
+	}
+}
