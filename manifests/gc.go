@@ -370,6 +370,9 @@ func GC(ctx context.Context, s storage.Store, job string, opts GCOptions) (GCRep
 			return rep, err
 		}
 	}
+	if err := sweepWAL(ctx, s, job, cat, expired, consider); err != nil {
+		return rep, err
+	}
 	if err := sw.flush(ctx); err != nil {
 		return rep, err
 	}
