@@ -14,6 +14,7 @@ import (
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/restore"
+	"github.com/ckpt-io/ckpt/savepoint"
 	"github.com/ckpt-io/ckpt/storage"
 	"github.com/ckpt-io/ckpt/storage/file"
 	"github.com/ckpt-io/ckpt/uploader"
@@ -183,5 +184,32 @@ func TestADrillReportsItsRecoveryPoint(t *testing.T) {
 	}
 	if res.RPOMS < 3600_000 || res.WALSegments != 0 {
 		t.Fatalf("drill to the checkpoint: rpo %d ms, %d segments; want the checkpoint's hour", res.RPOMS, res.WALSegments)
+	}
+}
+
+// A savepoint taken --with-wal restores to the WAL's newest write; one
+// without it to the checkpoint.
+func TestASavepointWithWALRestoresToItsNewestWrite(t *testing.T) {
+	e := walEnv(t)
+	ctx := context.Background()
+	seg := e.shipWAL(1, 0, 500, time.Now())
+	for _, withWAL := range []bool{true, false} {
+		sp, _ := file.New(t.TempDir())
+		if _, err := savepoint.Create(ctx, savepoint.Options{Source: e.store, Job: "job", Task: "t", Target: sp, WithWAL: withWAL}); err != nil {
+			t.Fatal(err)
+		}
+		target := filepath.Join(t.TempDir(), "db")
+		res, err := restore.Run(ctx, restore.Options{Store: sp, Job: "job", Task: "t", Target: target, To: restore.ToLatest})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := os.ReadFile(filepath.Join(target, "000005.log"))
+		want := []byte("torn")
+		if withWAL {
+			want = seg
+		}
+		if !bytes.Equal(got, want) || (res.WALSegments == 1) != withWAL {
+			t.Fatalf("with-wal %v: the log holds %d bytes, %d segments applied", withWAL, len(got), res.WALSegments)
+		}
 	}
 }
