@@ -218,6 +218,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err := r.ls.RecordTakeover(o.Task, owner); err != nil && res.LocalRecordError == "" {
 			res.LocalRecordError = err.Error()
 		}
+		// And where its WAL ended, for the taker's ownership record.
+		var resumed *manifests.WALResumed
+		if p := res.WALPosition; p != nil && p.Seq > 0 {
+			resumed = &manifests.WALResumed{Checkpoint: p.Checkpoint, Epoch: p.Epoch, Seq: p.Seq}
+		}
+		if err := r.ls.RecordWALResumed(o.Task, resumed); err != nil && res.LocalRecordError == "" {
+			res.LocalRecordError = err.Error()
+		}
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	newest := r.m.Created.UnixMilli()

@@ -213,3 +213,42 @@ func TestASavepointWithWALRestoresToItsNewestWrite(t *testing.T) {
 		}
 	}
 }
+
+// A restore into a node notes where its WAL ended; the taker puts that in
+// its ownership record, and later restores use the old owner's WAL to
+// there and no further, whatever the old owner ships after the takeover.
+func TestATakerThatResumedFromTheWALKeepsItToThere(t *testing.T) {
+	e := walEnv(t)
+	ctx := context.Background()
+	seg1 := e.shipWAL(1, 0, 100, time.Now())
+	local := filepath.Join(e.base, "local")
+	if _, err := e.run(restore.Options{To: restore.ToLatest, LocalDir: local}); err != nil {
+		t.Fatal(err)
+	}
+	resumed, ok := e.local.WALResumed("t")
+	if !ok || resumed != (manifests.WALResumed{Checkpoint: 3, Epoch: 0, Seq: 1}) {
+		t.Fatalf("noted %+v %v, want checkpoint 3 epoch 0 manifest 1", resumed, ok)
+	}
+	rec, err := manifests.TakeOwnershipResuming(ctx, e.store, "job", "t", "node-b", "", "agent-b", &resumed, nil)
+	if err != nil || rec.WALResumed == nil || *rec.WALResumed != resumed {
+		t.Fatalf("record %+v, %v", rec, err)
+	}
+	e.shipWAL(2, 100, 100, time.Now()) // the old owner, after the takeover
+	target := filepath.Join(e.base, "restored", "db2")
+	res, err := e.run(restore.Options{Target: target, To: restore.ToLatest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := os.ReadFile(filepath.Join(target, "000005.log"))
+	if !bytes.Equal(got, seg1) || res.WALPosition.Seq != 1 {
+		t.Fatalf("the log holds %d bytes (to manifest %d), want manifest 1's 100", len(got), res.WALPosition.Seq)
+	}
+	// A restore to the checkpoint notes no WAL.
+	target3 := filepath.Join(e.base, "restored", "db3")
+	if _, err := e.run(restore.Options{Target: target3, To: restore.ToCheckpoint, LocalDir: local}); err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := e.local.WALResumed("t"); ok {
+		t.Fatalf("after a restore to the checkpoint the local dir notes %+v", r)
+	}
+}
