@@ -67,7 +67,7 @@ var ops = []OpSpec{
 			}
 			return nil
 		}},
-	{Op: OpRestore, Fields: []string{"task", "target", "checkpoint", "job_consistent", "job"}, Final: "restored", Refusal: "failed",
+	{Op: OpRestore, Fields: []string{"task", "target", "checkpoint", "job_consistent", "job", "to"}, Final: "restored", Refusal: "failed",
 		Scoped: true, check: checkRestore},
 	{Op: OpFollow, Fields: []string{"task", "job"}, Final: "following", Refusal: "error", Scoped: true, check: needTask},
 }
