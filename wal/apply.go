@@ -326,6 +326,9 @@ func cutSnapshotTails(dir *os.File, logs []*placedLog) error {
 		if !o.snapshot || o.changed || o.size <= o.end {
 			continue
 		}
+		if err := ownCopy(dir, o.name); err != nil {
+			return err
+		}
 		w, err := openAt(dir, o.name, unix.O_WRONLY)
 		if err != nil {
 			return err
@@ -373,6 +376,11 @@ func writeSegment(dir *os.File, l *placedLog, f fetched) error {
 	if !l.snapshot && !l.changed {
 		flags |= unix.O_CREAT | unix.O_EXCL
 	}
+	if l.snapshot && !l.changed {
+		if err := ownCopy(dir, l.name); err != nil {
+			return err
+		}
+	}
 	w, err := openAt(dir, l.name, flags)
 	if err != nil {
 		return err
@@ -390,6 +398,46 @@ func writeSegment(dir *os.File, l *placedLog, f fetched) error {
 		return fmt.Errorf("apply wal: write %s: %w", l.name, err)
 	}
 	return w.Close()
+}
+
+// ownCopy makes the snapshot log name an inode of dir's own before Apply
+// changes it: a file with other hard links (a local copy's, say) is copied
+// to a new file that replaces it, so that no other copy of the checkpoint
+// ever sees the WAL's bytes.
+func ownCopy(dir *os.File, name string) error {
+	var st unix.Stat_t
+	if err := unix.Fstatat(int(dir.Fd()), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("apply wal: stat %s: %w", name, err)
+	}
+	if st.Nlink <= 1 {
+		return nil
+	}
+	in, err := openAt(dir, name, unix.O_RDONLY)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	tmp := name + ".wal-copy"
+	unix.Unlinkat(int(dir.Fd()), tmp, 0)
+	out, err := openAt(dir, tmp, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(out, in)
+	if err == nil {
+		err = out.Sync()
+	}
+	if cerr := out.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = unix.Renameat(int(dir.Fd()), tmp, int(dir.Fd()), name)
+	}
+	if err != nil {
+		unix.Unlinkat(int(dir.Fd()), tmp, 0)
+		return fmt.Errorf("apply wal: copy %s apart from its other links: %w", name, err)
+	}
+	return nil
 }
 
 func openAt(dir *os.File, name string, flags int) (*os.File, error) {

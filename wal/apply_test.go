@@ -309,3 +309,27 @@ func TestUsableChainFollowsTheNextOwnersRecord(t *testing.T) {
 		t.Fatalf("a chain shorter than the resume point: %v", err)
 	}
 }
+
+// A snapshot log with another hard link (a local copy's) is copied apart
+// before the WAL changes it: the other link keeps the checkpoint's bytes.
+func TestApplyNeverWritesThroughAnotherLink(t *testing.T) {
+	f := newWALFixture(t)
+	f.commit()
+	other := filepath.Join(t.TempDir(), "local-copy.log")
+	if err := os.Link(filepath.Join(f.dir, logName(f.a.num)), other); err != nil {
+		t.Skip("no hard links here:", err)
+	}
+	before, _ := os.ReadFile(other)
+	if _, err := f.apply(); err != nil {
+		t.Fatal(err)
+	}
+	f.holds(f.a, f.ba[len(f.ba)-1])
+	after, _ := os.ReadFile(other)
+	if !bytes.Equal(before, after) {
+		t.Fatalf("the other link changed: %d bytes, was %d", len(after), len(before))
+	}
+	entries, _ := os.ReadDir(f.dir)
+	if len(entries) != 3 {
+		t.Fatalf("the dir holds %d entries, want the manifest and two logs", len(entries))
+	}
+}
