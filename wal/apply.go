@@ -94,7 +94,7 @@ type placedLog struct {
 
 // Apply extends the restored snapshot in dir (every file already placed
 // and verified) with chain, the WAL manifests of its checkpoint from seq 1
-// (Chain), reading segments from s. See the comment above for the rules.
+// (UsableChain), reading segments from s. See the comment above for the rules.
 func Apply(ctx context.Context, s storage.Store, dir *os.File, chain []*Manifest) (*Applied, error) {
 	logs, err := snapshotLogs(dir)
 	if err != nil {

@@ -90,6 +90,7 @@ type walFixture struct {
 	store  *file.Store
 	dir    string
 	chain  [][]SegmentRef
+	why    string // why UsableChain stopped short
 }
 
 func newWALFixture(t *testing.T) *walFixture {
@@ -145,10 +146,11 @@ func (f *walFixture) commit(skip ...uint64) {
 
 func (f *walFixture) apply() (*Applied, error) {
 	f.t.Helper()
-	chain, _, err := UsableChain(context.Background(), f.store, "job", "t", 7, 1)
+	chain, why, err := UsableChain(context.Background(), f.store, "job", "t", 7, 1)
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.why = why
 	d, err := os.Open(f.dir)
 	if err != nil {
 		f.t.Fatal(err)
@@ -214,7 +216,7 @@ func TestApplyStopsAtAHoleAndNeverPlacesALaterLog(t *testing.T) {
 			edit: func(f *walFixture) { f.chain[1][0].Sealed = false }},
 		{name: "a new log does not start at 0", why: "not 0",
 			edit: func(f *walFixture) { f.chain[1][1] = f.ref(f.b, f.bb[0], f.bb[5], false) }},
-		{name: "a manifest is missing", skip: []uint64{2}},
+		{name: "a manifest is missing", skip: []uint64{2}, why: "manifest 2 is missing"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			f := newWALFixture(t)
@@ -231,8 +233,8 @@ func TestApplyStopsAtAHoleAndNeverPlacesALaterLog(t *testing.T) {
 			if got.Position.Seq != 1 || got.Position.Log != logName(f.a.num) || got.Position.Offset != f.ba[9] || got.ThroughUnixMs != 1_700_000_000_001 {
 				t.Fatalf("position %+v through %d, want manifest 1 at %d", got.Position, got.ThroughUnixMs, f.ba[9])
 			}
-			if !strings.Contains(got.Stopped, tc.why) {
-				t.Fatalf("stopped %q, want it to say %q", got.Stopped, tc.why)
+			if !strings.Contains(got.Stopped+f.why, tc.why) {
+				t.Fatalf("stopped %q (%q), want it to say %q", got.Stopped, f.why, tc.why)
 			}
 		})
 	}

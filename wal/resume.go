@@ -54,7 +54,7 @@ func UsableChain(ctx context.Context, s storage.Store, job, task string, n, epoc
 	if err != nil || !use {
 		return nil, why, err
 	}
-	chain, err = readChain(ctx, s, job, task, n, epoch, upTo)
+	chain, why, err = readChain(ctx, s, job, task, n, epoch, upTo)
 	if err != nil {
 		return nil, "", err
 	}
@@ -62,7 +62,7 @@ func UsableChain(ctx context.Context, s storage.Store, job, task string, n, epoc
 		return nil, "", fmt.Errorf("wal of %s/%s checkpoint %d epoch %d: a newer owner resumed from manifest %d, but storage holds the chain only to %d: storage lost WAL manifests (restore with --to checkpoint to leave the WAL out)",
 			job, task, n, epoch, upTo, len(chain))
 	}
-	return chain, "", nil
+	return chain, why, nil
 }
 
 // readChain reads the WAL manifests of checkpoint n by epoch from seq 1 to
@@ -70,24 +70,27 @@ func UsableChain(ctx context.Context, s storage.Store, job, task string, n, epoc
 // the continuity of logs across manifests to Apply, which stops at a hole
 // with the snapshot in view rather than failing the restore; a manifest
 // that does not decode still fails it (a bad object in storage).
-func readChain(ctx context.Context, s storage.Store, job, task string, n, epoch, upTo uint64) ([]*Manifest, error) {
+func readChain(ctx context.Context, s storage.Store, job, task string, n, epoch, upTo uint64) ([]*Manifest, string, error) {
 	seqs, err := Seqs(ctx, s, job, task, n, epoch)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	var out []*Manifest
 	for i, seq := range seqs {
-		if seq != uint64(i+1) || (upTo > 0 && seq > upTo) {
+		if upTo > 0 && seq > upTo {
 			break
 		}
+		if seq != uint64(i+1) {
+			return out, fmt.Sprintf("wal manifest %d is missing: manifest %d and later are not used", i+1, seq), nil
+		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, "", err
 		}
 		m, err := Load(ctx, s, job, task, n, epoch, seq)
 		if err != nil {
-			return nil, fmt.Errorf("%w (restore with --to checkpoint to leave the WAL out)", err)
+			return nil, "", fmt.Errorf("%w (restore with --to checkpoint to leave the WAL out)", err)
 		}
 		out = append(out, m)
 	}
-	return out, nil
+	return out, "", nil
 }
