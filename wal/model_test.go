@@ -209,9 +209,11 @@ func TestRestoreToLatestHoldsEveryWriteBeforeTheThroughTime(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: real Pebble stores under synced writes")
 	}
-	if f := flag.Lookup("rapid.checks"); f != nil && f.Value.String() == "100" {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "rapid.checks" })
+	if f := flag.Lookup("rapid.checks"); f != nil && !set {
 		f.Value.Set("25") // each check runs a store; -rapid.checks=N for more
-		defer f.Value.Set("100")
+		defer f.Value.Set(f.DefValue)
 	}
 	var runs, manifestsApplied, segmentsApplied, logsPlaced, newerLogs int
 	rapid.Check(t, func(rt *rapid.T) {
