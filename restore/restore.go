@@ -202,6 +202,14 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.makeTemp(); err != nil {
 		return nil, err
 	}
+	if o.To == ToLatest {
+		// The WAL is read before anything is written, and a store that
+		// gets one is built by fetch: a lent local copy would be lost with
+		// the restore if a segment turned out bad.
+		if r.chain, r.chainWhy, err = wal.UsableChain(ctx, o.Store, o.Job, o.Task, r.n, r.m.Epoch); err != nil {
+			return nil, fmt.Errorf("restore %s checkpoint %d to latest: %w", o.Task, r.n, err)
+		}
+	}
 	res := &Result{outcome: outcome{Restored: true, Task: o.Task, Checkpoint: r.n, Files: len(r.m.Files), Bytes: r.m.FullSize, Target: target}}
 	if r.lend() {
 		err = r.move(ctx, res)
@@ -248,18 +256,14 @@ func (r *restorer) applyWAL(ctx context.Context, res *Result) error {
 		return nil
 	}
 	res.To = ToLatest
-	chain, why, err := wal.UsableChain(ctx, r.o.Store, r.o.Job, r.o.Task, r.n, r.m.Epoch)
-	if err != nil {
-		return fmt.Errorf("restore %s checkpoint %d to latest: %w", r.o.Task, r.n, err)
-	}
-	a, err := wal.Apply(ctx, r.o.Store, r.tmpDir, chain)
+	a, err := wal.Apply(ctx, r.o.Store, r.tmpDir, r.chain)
 	if err != nil {
 		return fmt.Errorf("restore %s checkpoint %d to latest: %w", r.o.Task, r.n, err)
 	}
 	p := a.Position
 	res.WALPosition = &protocol.WALPosition{Checkpoint: r.n, Epoch: r.m.Epoch, Seq: p.Seq, Log: p.Log, Offset: p.Offset}
 	res.WALSegments, res.WALBytes = a.Segments, a.Bytes
-	res.WALStopped = why
+	res.WALStopped = r.chainWhy
 	if a.Stopped != "" {
 		res.WALStopped = a.Stopped
 	}
@@ -327,8 +331,10 @@ type restorer struct {
 	ldir      *os.File // the local copy's directory, open: files come only from it
 	placed    bool     // the store is the target now
 
-	through    int64    // the applied WAL's through time (Unix ms; 0: none applied)
-	walChanged []string // log files the WAL changed: not the checkpoint's files any more
+	chain      []*wal.Manifest // the WAL a restore to latest applies (wal.UsableChain)
+	chainWhy   string          // why that chain is short or empty, when it is
+	through    int64           // the applied WAL's through time (Unix ms; 0: none applied)
+	walChanged []string        // log files the WAL changed: not the checkpoint's files any more
 
 	mu       sync.Mutex
 	unsynced []string // files written from storage, their writeback started: syncAll waits for it
@@ -390,9 +396,10 @@ func (r *restorer) choose(ctx context.Context) error {
 // (TrustUnchangedLocal), holds exactly the manifest's files and each is
 // still the inode it completed with. Lending moves the local copy to tmp
 // by its path, so it applies only to a target whose path is the caller's
-// own (no TargetParent).
+// own (no TargetParent), and only when no WAL is applied (a bad segment
+// would fail the restore and take the lent copy with it).
 func (r *restorer) lend() bool {
-	return r.local != nil && !r.older && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
+	return r.local != nil && !r.older && len(r.chain) == 0 && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
 }
 
 // move is the strategy for a lent local copy: the local copy is the store.
