@@ -252,3 +252,26 @@ func TestATakerThatResumedFromTheWALKeepsItToThere(t *testing.T) {
 		t.Fatalf("after a restore to the checkpoint the local dir notes %+v", r)
 	}
 }
+
+// A restore to latest that fails on a bad segment keeps the local copy it
+// would have lent: a restore of the checkpoint still finds it whole.
+func TestABadWALSegmentCostsNoLocalCopy(t *testing.T) {
+	e := walEnv(t)
+	ctx := context.Background()
+	e.shipWAL(1, 0, 100, time.Now())
+	e.store.List(ctx, wal.Prefix("job", "t", 3, 0)+"seg/", func(o storage.ObjectInfo) error {
+		bad := bytes.Repeat([]byte{7}, int(o.Size))
+		return e.store.Put(ctx, o.Key, bytes.NewReader(bad), o.Size)
+	})
+	local := filepath.Join(e.base, "local")
+	if _, err := e.run(restore.Options{To: restore.ToLatest, LocalDir: local, TrustUnchangedLocal: true}); err == nil {
+		t.Fatal("a bad segment restored")
+	}
+	res, err := e.run(restore.Options{To: restore.ToCheckpoint, LocalDir: local, TrustUnchangedLocal: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.FilesLocal != res.Files || res.BytesRemote != 0 {
+		t.Fatalf("after the failed restore: %d of %d files local, %d bytes remote: the local copy was lost", res.FilesLocal, res.Files, res.BytesRemote)
+	}
+}
