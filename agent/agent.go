@@ -300,7 +300,9 @@ type RestoreRequest struct {
 	Task          string
 	Checkpoint    uint64
 	JobConsistent bool
-	Target        string
+	// To is the request's "to" ("" for the default: see restore.DefaultTo).
+	To     string
+	Target string
 	// Parent is Target's parent directory, opened under an allowed root
 	// (filepath.Dir(Target) is only its name): the restore must create and
 	// place Target relative to it (restore.Options.TargetParent), never
@@ -642,6 +644,7 @@ func (a *Agent) drills(ctx context.Context) {
 				rec.Checkpoint, rec.Bytes, rec.Files = res.Checkpoint, res.Bytes, res.Files
 				rec.Duration = time.Duration(res.DurationMS) * time.Millisecond
 				rec.Throughput, rec.Verified = res.ThroughputBytesPerS, res.Verified
+				rec.RPO = time.Duration(res.RPOMS) * time.Millisecond
 				if res.Sample {
 					// What was read and verified: the duration is the sample's.
 					rec.Sample, rec.Bytes, rec.Files = true, res.SampleBytes, res.SampleFiles
@@ -650,7 +653,7 @@ func (a *Agent) drills(ctx context.Context) {
 						"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
 				} else {
 					a.log.Info("restore drill", "task", st.Task, "checkpoint", res.Checkpoint, "bytes", res.Bytes,
-						"duration_ms", res.DurationMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
+						"duration_ms", res.DurationMS, "rpo_ms", res.RPOMS, "throughput_bytes_per_s", int64(res.ThroughputBytesPerS), "verified", res.Verified)
 				}
 			}
 			a.cfg.Telemetry.DrillEnded(ctx, rec)
@@ -868,7 +871,7 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
 			return
 		}
-		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent,
+		res, err := a.cfg.Restore(ctx, RestoreRequest{Task: req.Task, Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent, To: req.To,
 			Target: target, Parent: parent.File()})
 		if err != nil {
 			fail(err)

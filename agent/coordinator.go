@@ -52,7 +52,7 @@ type flight struct {
 	// result holds the sizes of a completed checkpoint for telemetry.
 	result telemetry.CheckpointRecord
 	// epoch is the owner's epoch the completed checkpoint was committed by.
-	epoch uint64
+	epoch  uint64
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}

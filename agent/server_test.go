@@ -85,6 +85,11 @@ func TestTheRestoredEventCarriesEveryFieldOfRestoreJSON(t *testing.T) {
 			f.SetInt(int64(100 + i))
 		case reflect.Uint64:
 			f.SetUint(uint64(200 + i))
+		case reflect.Pointer:
+			if f.Type() != reflect.TypeFor[*protocol.WALPosition]() {
+				t.Fatalf("restore.Result.%s: type %s not covered by this test", v.Type().Field(i).Name, f.Type())
+			}
+			f.Set(reflect.ValueOf(&protocol.WALPosition{Checkpoint: 7, Epoch: 2, Seq: 3, Log: "000009.log", Offset: 4096}))
 		default:
 			t.Fatalf("restore.Result.%s: kind %s not covered by this test", v.Type().Field(i).Name, f.Kind())
 		}

@@ -265,7 +265,7 @@ func Collect(ctx context.Context, s storage.Store, job string, opts Options) (Re
 		}
 		return nil
 	}
-	if err := gcSweep(ctx, s, job, cat, sw, consider); err != nil {
+	if err := gcSweep(ctx, s, job, cat, expired, sw, consider); err != nil {
 		return rep, err
 	}
 	// Every candidate of the ripe marks is deleted, live again, young again
@@ -405,7 +405,7 @@ func gcDeleteExpired(ctx context.Context, s storage.Store, cat *manifests.Catalo
 
 // gcSweep hands consider every shared object as listed, then the
 // private objects the scan found, in key order, and flushes the sweep.
-func gcSweep(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, sw *sweep, consider func(storage.ObjectInfo) error) error {
+func gcSweep(ctx context.Context, s storage.Store, job string, cat *manifests.Catalog, expired []manifests.Ref, sw *sweep, consider func(storage.ObjectInfo) error) error {
 	if err := s.List(ctx, manifests.SharedPrefix(job), consider); err != nil {
 		var se *sweepError
 		if errors.As(err, &se) {
@@ -422,6 +422,9 @@ func gcSweep(ctx context.Context, s storage.Store, job string, cat *manifests.Ca
 		if err := consider(o); err != nil {
 			return err
 		}
+	}
+	if err := sweepWAL(ctx, s, job, cat, expired, consider); err != nil {
+		return err
 	}
 	return sw.flush(ctx)
 }

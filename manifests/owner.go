@@ -84,6 +84,19 @@ type Owner struct {
 	// Volume is the identity of the volume the taker's local dir is on
 	// (sidecar mode; empty in node-agent mode and before ckpt recorded it).
 	Volume string `json:"volume,omitempty"`
+	// WALResumed, when set, says the taker's local state came from a
+	// restore of checkpoint Checkpoint of the owner of Epoch extended with
+	// that owner's WAL up to manifest Seq: a restore uses the WAL of that
+	// owner only so far. Without it, a restore uses no WAL of the owners
+	// before this one (see wal.Usable).
+	WALResumed *WALResumed `json:"wal_resumed,omitempty"`
+}
+
+// WALResumed is the WAL position a taker's local state was restored to.
+type WALResumed struct {
+	Checkpoint uint64 `json:"checkpoint"`
+	Epoch      uint64 `json:"epoch"`
+	Seq        uint64 `json:"seq"`
 }
 
 // ErrOwnedElsewhere is wrapped by the error of an agent that may not take a
@@ -267,6 +280,15 @@ func TakeOwnership(ctx context.Context, s storage.Store, job, task, node, agentI
 // TakeOwnershipOn is TakeOwnershipIf for a taker whose local dir is on
 // the volume named volume (recorded in the new record).
 func TakeOwnershipOn(ctx context.Context, s storage.Store, job, task, node, volume, agentID string, may func(latest Owner) error) (Owner, error) {
+	return TakeOwnershipResuming(ctx, s, job, task, node, volume, agentID, nil, may)
+}
+
+// TakeOwnershipResuming is TakeOwnershipOn for a taker whose local state
+// was restored from an owner's WAL up to resumed (see Owner.WALResumed;
+// nil: from no WAL). It is recorded only when it extends the newest
+// owner's valid checkpoint the taker saw; anything else would let a
+// restore use a WAL the taker did not go on from.
+func TakeOwnershipResuming(ctx context.Context, s storage.Store, job, task, node, volume, agentID string, resumed *WALResumed, may func(latest Owner) error) (Owner, error) {
 	for attempt := 0; ; attempt++ {
 		cat, err := Scan(ctx, s, job, task)
 		if err != nil {
@@ -291,10 +313,15 @@ func TakeOwnershipOn(ctx context.Context, s storage.Store, job, task, node, volu
 			}
 		}
 		rec := Owner{Task: task, Epoch: latest + 1, Node: node, AgentID: agentID, Created: time.Now().UTC(), Volume: volume}
+		var afterEpoch uint64
 		for _, r := range cat.Refs {
 			if r.Task == task && r.Checkpoint > rec.After {
-				rec.After = r.Checkpoint
+				rec.After, afterEpoch = r.Checkpoint, r.Epoch
 			}
+		}
+		if resumed != nil && resumed.Checkpoint == rec.After && resumed.Epoch == afterEpoch && resumed.Seq > 0 {
+			w := *resumed
+			rec.WALResumed = &w
 		}
 		data, err := json.Marshal(rec)
 		if err != nil {

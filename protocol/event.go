@@ -127,6 +127,33 @@ type Restored struct {
 	// LocalRecordError says why the restore could not be recorded in the
 	// agent's local dir; the restore itself succeeded.
 	LocalRecordError string `json:"local_record_error,omitempty"`
+	// To is what the restore went to: "latest" (the checkpoint extended
+	// with its shipped write-ahead log) or "checkpoint".
+	To string `json:"to,omitempty"`
+	// WALPosition is where the restored store's write-ahead log ends;
+	// WALSegments and WALBytes count the WAL segments applied over the
+	// checkpoint (0 for a restore to the checkpoint). WALStopped says why
+	// the WAL was not applied to its end, or not at all.
+	WALPosition *WALPosition `json:"wal_position,omitempty"`
+	WALSegments int          `json:"wal_segments"`
+	WALBytes    int64        `json:"wal_bytes"`
+	WALStopped  string       `json:"wal_stopped,omitempty"`
+	// RecoveredWriteAgeMS is the age, when the restore ended, of the
+	// newest write it recovered: now minus the last applied WAL
+	// manifest's through time, or minus the checkpoint's creation when no
+	// WAL was applied. It is the restore's recovery point.
+	RecoveredWriteAgeMS int64 `json:"recovered_write_age_ms"`
+}
+
+// WALPosition names the end of a restored store's write-ahead log: WAL
+// manifest Seq (0: none) of checkpoint Checkpoint by the owner of Epoch,
+// and the newest log file Log, which ends at Offset.
+type WALPosition struct {
+	Checkpoint uint64 `json:"checkpoint"`
+	Epoch      uint64 `json:"epoch"`
+	Seq        uint64 `json:"seq"`
+	Log        string `json:"log"`
+	Offset     int64  `json:"offset"`
 }
 
 // wireEvent is an Event as encoded: a pointer field is present, even

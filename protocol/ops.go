@@ -67,7 +67,7 @@ var ops = []OpSpec{
 			}
 			return nil
 		}},
-	{Op: OpRestore, Fields: []string{"task", "target", "checkpoint", "job_consistent", "job"}, Final: "restored", Refusal: "failed",
+	{Op: OpRestore, Fields: []string{"task", "target", "checkpoint", "job_consistent", "job", "to"}, Final: "restored", Refusal: "failed",
 		Scoped: true, check: checkRestore},
 	{Op: OpFollow, Fields: []string{"task", "job"}, Final: "following", Refusal: "error", Scoped: true, check: needTask},
 }
@@ -157,6 +157,12 @@ func checkRestore(r *Request) *Error {
 	}
 	if r.JobConsistent && r.Checkpoint != 0 {
 		return Errorf(CodeBadRequest, "job_consistent picks the checkpoint: do not give checkpoint too")
+	}
+	if r.To != "" && r.To != "latest" && r.To != "checkpoint" {
+		return Errorf(CodeBadRequest, "to must be latest or checkpoint, got %q", r.To)
+	}
+	if r.To == "latest" && r.JobConsistent {
+		return Errorf(CodeBadRequest, "job_consistent restores the job-wide checkpoint: to latest would extend one task past it")
 	}
 	return nil
 }

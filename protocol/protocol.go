@@ -102,6 +102,10 @@ type Request struct {
 	// JobConsistent (restore) restores the newest job-complete checkpoint
 	// of the task instead of its newest complete one.
 	JobConsistent bool `json:"job_consistent,omitempty"`
+	// To (restore) is "latest" (the checkpoint and the write-ahead log
+	// shipped after it; the default, except with job_consistent) or
+	// "checkpoint" (the checkpoint alone).
+	To string `json:"to,omitempty"`
 	// Job (checkpoint, abort, status, restore), when given, names the job
 	// the request is for. An agent in node-agent mode serves several jobs
 	// and picks the peer's tenant's job when it is empty; a job other than

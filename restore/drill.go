@@ -40,6 +40,10 @@ type DrillOptions struct {
 	// random seed); the result reports the seed used.
 	SampleBytes int64
 	SampleSeed  uint64
+	// To is the point the drill restores to: ToLatest (the default: what
+	// an outage would restore, the checkpoint and its shipped WAL) or
+	// ToCheckpoint.
+	To string
 }
 
 // DrillResult is `ckpt drill --json`.
@@ -61,6 +65,15 @@ type DrillResult struct {
 	SampleFiles int    `json:"sample_files,omitempty"`
 	SampleBytes int64  `json:"sample_bytes,omitempty"`
 	SampleSeed  uint64 `json:"sample_seed,omitempty"`
+	// RPOMS is the drill's recovery point: when it ended, the age of the
+	// newest write its restore recovered (the last applied WAL manifest's
+	// through time, else the checkpoint's creation). Not for a sample
+	// drill, which restores nothing.
+	RPOMS int64 `json:"rpo_ms,omitempty"`
+	// WALSegments and WALBytes: the WAL the drill's restore applied over
+	// the checkpoint.
+	WALSegments int   `json:"wal_segments,omitempty"`
+	WALBytes    int64 `json:"wal_bytes,omitempty"`
 }
 
 // Drill restores the newest checkpoint of a task from storage alone (never
@@ -86,13 +99,17 @@ func Drill(ctx context.Context, o DrillOptions) (*DrillResult, error) {
 	defer os.RemoveAll(scratch)
 	target := scratch + "/store"
 	start := time.Now()
-	res, err := Run(ctx, Options{Store: o.Store, Job: o.Job, Task: o.Task, Checkpoint: o.Checkpoint, Target: target, Parallelism: o.Parallelism, Progress: o.Progress})
+	to := o.To
+	if to == "" {
+		to = ToLatest
+	}
+	res, err := Run(ctx, Options{Store: o.Store, Job: o.Job, Task: o.Task, Checkpoint: o.Checkpoint, Target: target, Parallelism: o.Parallelism, Progress: o.Progress, To: to})
 	if err != nil {
 		return nil, fmt.Errorf("drill of task %s: %w", o.Task, err)
 	}
 	d := time.Since(start)
 	out := &DrillResult{Task: o.Task, Checkpoint: res.Checkpoint, Bytes: res.Bytes, Files: res.Files,
-		DurationMS: d.Milliseconds(), Verified: true}
+		DurationMS: d.Milliseconds(), Verified: true, RPOMS: res.RecoveredWriteAgeMS, WALSegments: res.WALSegments, WALBytes: res.WALBytes}
 	if d > 0 {
 		out.ThroughputBytesPerS = float64(res.Bytes) / d.Seconds()
 	}
@@ -164,7 +181,7 @@ func JobDrill(ctx context.Context, o JobDrillOptions) (*JobDrillResult, error) {
 		g.Go(func() error {
 			taskStart := time.Now()
 			res, err := Drill(gctx, DrillOptions{Store: o.Store, Job: o.Job, Task: task, Checkpoint: st.Checkpoint,
-				ScratchDir: o.ScratchDir, Parallelism: o.Parallelism, Check: o.Check})
+				ScratchDir: o.ScratchDir, Parallelism: o.Parallelism, Check: o.Check, To: ToCheckpoint})
 			if err != nil {
 				return err
 			}

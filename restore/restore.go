@@ -35,6 +35,7 @@ import (
 	"github.com/ckpt-io/ckpt/localrecovery"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/wal"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -86,7 +87,32 @@ type Options struct {
 	// Refresh): the restore is recorded in LocalDir, but not as the task's
 	// move to this node, which only a restore for the app does.
 	Standby bool
+	// To is ToLatest (the checkpoint extended with the write-ahead log
+	// shipped after it, as far as it is usable: see wal.UsableChain and
+	// wal.Apply) or ToCheckpoint (the checkpoint alone); "" is
+	// ToCheckpoint. Not ToLatest with JobConsistent or Standby: a WAL
+	// extends one task past the job-wide point.
+	To string
 }
+
+// DefaultTo is the point a restore request goes to when it names none
+// (to ""): latest, except for a job-consistent restore, which goes to the
+// job-wide checkpoint.
+func DefaultTo(to string, jobConsistent bool) string {
+	switch {
+	case to != "":
+		return to
+	case jobConsistent:
+		return ToCheckpoint
+	}
+	return ToLatest
+}
+
+// The points a restore can go to (Options.To).
+const (
+	ToLatest     = "latest"
+	ToCheckpoint = "checkpoint"
+)
 
 // Result is what a restore did; its JSON is `ckpt restore --json`, the
 // same fields as the socket's restored event (protocol.Restored).
@@ -136,6 +162,12 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return skip, err
 	}
 	r := &restorer{o: o, target: target}
+	switch {
+	case o.To != "" && o.To != ToLatest && o.To != ToCheckpoint:
+		return nil, fmt.Errorf("restore: --to %q: want latest or checkpoint", o.To)
+	case o.To == ToLatest && (o.JobConsistent || o.Standby):
+		return nil, errors.New("restore: a job-consistent or standby restore goes to the checkpoint, not to latest (leave --to out)")
+	}
 	if err := r.choose(ctx); err != nil {
 		if errors.Is(err, ErrNoCheckpoint) && o.IfCheckpointExists {
 			return &Result{outcome: outcome{Restored: false, Reason: err.Error()}}, nil
@@ -170,9 +202,17 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err := r.makeTemp(); err != nil {
 		return nil, err
 	}
+	if o.To == ToLatest {
+		// The WAL is read before anything is written, and a store that
+		// gets one is built by fetch: a lent local copy would be lost with
+		// the restore if a segment turned out bad.
+		if r.chain, r.chainWhy, err = wal.UsableChain(ctx, o.Store, o.Job, o.Task, r.n, r.m.Epoch); err != nil {
+			return nil, fmt.Errorf("restore %s checkpoint %d to latest: %w", o.Task, r.n, err)
+		}
+	}
 	res := &Result{outcome: outcome{Restored: true, Task: o.Task, Checkpoint: r.n, Files: len(r.m.Files), Bytes: r.m.FullSize, Target: target}}
 	if r.lend() {
-		err = r.move(res)
+		err = r.move(ctx, res)
 	} else {
 		err = r.fetch(ctx, res)
 	}
@@ -186,9 +226,50 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		if err := r.ls.RecordTakeover(o.Task, owner); err != nil && res.LocalRecordError == "" {
 			res.LocalRecordError = err.Error()
 		}
+		// And where its WAL ended, for the taker's ownership record.
+		var resumed *manifests.WALResumed
+		if p := res.WALPosition; p != nil && p.Seq > 0 {
+			resumed = &manifests.WALResumed{Checkpoint: p.Checkpoint, Epoch: p.Epoch, Seq: p.Seq}
+		}
+		if err := r.ls.RecordWALResumed(o.Task, resumed); err != nil && res.LocalRecordError == "" {
+			res.LocalRecordError = err.Error()
+		}
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
+	newest := r.m.Created.UnixMilli()
+	if r.through > 0 {
+		newest = r.through
+	}
+	res.RecoveredWriteAgeMS = max(0, time.Now().UnixMilli()-newest)
 	return res, nil
+}
+
+// applyWAL extends the verified store in tmpDir with the checkpoint's
+// write-ahead log, for a restore to latest. It runs before the store is
+// placed: the target appears whole, checkpoint and WAL, or not at all. A
+// bad segment fails the restore (see wal.Apply); a hole, a missing
+// manifest or a newer owner that did not resume from this WAL stops the
+// WAL short, and the result says where and why.
+func (r *restorer) applyWAL(ctx context.Context, res *Result) error {
+	res.To = ToCheckpoint
+	if r.o.To != ToLatest {
+		return nil
+	}
+	res.To = ToLatest
+	a, err := wal.Apply(ctx, r.o.Store, r.tmpDir, r.chain)
+	if err != nil {
+		return fmt.Errorf("restore %s checkpoint %d to latest: %w", r.o.Task, r.n, err)
+	}
+	p := a.Position
+	res.WALPosition = &protocol.WALPosition{Checkpoint: r.n, Epoch: r.m.Epoch, Seq: p.Seq, Log: p.Log, Offset: p.Offset}
+	res.WALSegments, res.WALBytes = a.Segments, a.Bytes
+	res.WALStopped = r.chainWhy
+	if a.Stopped != "" {
+		res.WALStopped = a.Stopped
+	}
+	r.through, r.walChanged = a.ThroughUnixMs, a.Changed
+	r.span.SetAttributes(attribute.Int("ckpt.wal_segments", a.Segments), attribute.Int64("ckpt.wal_bytes", a.Bytes), attribute.Int64("ckpt.wal_seq", int64(p.Seq)))
+	return nil
 }
 
 // prepare checks the names and the target of o, sets its defaults, and
@@ -250,6 +331,11 @@ type restorer struct {
 	ldir      *os.File // the local copy's directory, open: files come only from it
 	placed    bool     // the store is the target now
 
+	chain      []*wal.Manifest // the WAL a restore to latest applies (wal.UsableChain)
+	chainWhy   string          // why that chain is short or empty, when it is
+	through    int64           // the applied WAL's through time (Unix ms; 0: none applied)
+	walChanged []string        // log files the WAL changed: not the checkpoint's files any more
+
 	mu       sync.Mutex
 	unsynced []string // files written from storage, their writeback started: syncAll waits for it
 }
@@ -310,16 +396,17 @@ func (r *restorer) choose(ctx context.Context) error {
 // (TrustUnchangedLocal), holds exactly the manifest's files and each is
 // still the inode it completed with. Lending moves the local copy to tmp
 // by its path, so it applies only to a target whose path is the caller's
-// own (no TargetParent).
+// own (no TargetParent), and only when no WAL is applied (a bad segment
+// would fail the restore and take the lent copy with it).
 func (r *restorer) lend() bool {
-	return r.local != nil && !r.older && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
+	return r.local != nil && !r.older && len(r.chain) == 0 && r.o.TrustUnchangedLocal && r.o.TargetParent == nil && wholeAndUnchanged(r.local, r.m) && r.ls.Lend(r.o.Task, r.n, r.m, r.tmp)
 }
 
 // move is the strategy for a lent local copy: the local copy is the store.
 // Its private files get fsynced (an adopted copy never fsynced them); its
 // shared files are the app's own SSTs, durable already. Once the store is
 // in place the local dir re-creates its copy from it in the background.
-func (r *restorer) move(res *Result) error {
+func (r *restorer) move(ctx context.Context, res *Result) error {
 	m := r.m
 	// The lent copy replaced the empty directory tmpDir had open.
 	lent, err := safefs.OpenDirAt(r.parent, r.tmpName)
@@ -337,6 +424,9 @@ func (r *restorer) move(res *Result) error {
 				return fmt.Errorf("restore: fsync %s: %w", filepath.Join(r.tmp, f.Name), err)
 			}
 		}
+	}
+	if err := r.applyWAL(ctx, res); err != nil {
+		return err
 	}
 	if err := r.place(); err != nil {
 		return err
@@ -387,6 +477,10 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 	}
 	r.span.SetAttributes(attribute.Int64("ckpt.bytes_local", c.bLocal.Load()), attribute.Int64("ckpt.bytes_remote", c.bRemote.Load()),
 		attribute.Int64("ckpt.local_fallbacks", c.fallbacks.Load()))
+	if err := r.applyWAL(ctx, res); err != nil {
+		r.span.SetStatus(codes.Error, err.Error())
+		return err
+	}
 	if err := r.place(); err != nil {
 		return err
 	}
@@ -409,6 +503,7 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 			if _, err := r.ls.Adopt(o.Task, m, r.encoded, p); err != nil {
 				res.LocalRecordError = fmt.Sprintf("the restore was not recorded in the local dir %s: %v", o.LocalDir, err)
 			}
+			r.dropChanged()
 		}
 	}
 	res.BytesLocal, res.BytesRemote = c.bLocal.Load(), c.bRemote.Load()
@@ -418,6 +513,23 @@ func (r *restorer) fetch(ctx context.Context, res *Result) error {
 		res.LocalFallbacks = 0 // no local copy of n: a file not found locally is not a fallback
 	}
 	return nil
+}
+
+// dropChanged removes from the local copy of n the log files the WAL
+// changed after they were verified: Adopt copied them from the placed
+// store, so they are not n's files, and a later restore of n must take
+// them from storage.
+func (r *restorer) dropChanged() {
+	if len(r.walChanged) == 0 {
+		return
+	}
+	l := r.ls.GetFor(r.o.Task, r.m, r.encoded)
+	if l == nil {
+		return
+	}
+	for _, name := range r.walChanged {
+		os.Remove(l.Path(name))
+	}
 }
 
 // fetchFile restores one file into tmp: from the local copy if it verifies

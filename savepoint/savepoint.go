@@ -11,7 +11,12 @@
 //	<job>/shared/<hh>/<content id>                      copies of the shared objects
 //	<job>/tasks/<task>/chk/<N:020>/manifest[.e<epoch>]  copies of the manifests
 //	<job>/tasks/<task>/chk/<N:020>/private[.e<epoch>]/<name>
+//	<job>/tasks/<task>/chk/<N:020>/wal[.e<epoch>]/...       with --with-wal: the checkpoint's WAL chain
 //
+// With WithWAL, the WAL a restore of the checkpoint to latest would use
+// (wal.UsableChain: its owner's, up to where a newer owner resumed) is
+// copied too, segments first, then its manifests byte for byte: a restore
+// of the savepoint to latest applies it.
 // No ownership record is copied: the savepoint holds one manifest per task,
 // the one that was valid in the job when it was taken, so a restore reads it
 // as the job's storage would have. Every object is verified by its SHA-256
@@ -38,6 +43,7 @@ import (
 	"github.com/ckpt-io/ckpt/internal/fsutil"
 	"github.com/ckpt-io/ckpt/manifests"
 	"github.com/ckpt-io/ckpt/storage"
+	"github.com/ckpt-io/ckpt/wal"
 )
 
 // Key is where a savepoint's record lives in its storage.
@@ -75,6 +81,11 @@ type Entry struct {
 	ManifestSHA256 string `json:"manifest_sha256"`
 	Files          int    `json:"files"`
 	FullSize       int64  `json:"full_size"`
+	// WALManifests is the number of WAL manifests saved with the
+	// checkpoint (--with-wal), WALThroughUnixMs the last one's through
+	// time.
+	WALManifests     int   `json:"wal_manifests,omitempty"`
+	WALThroughUnixMs int64 `json:"wal_through_unix_ms,omitempty"`
 }
 
 // Record is a savepoint's own manifest.
@@ -229,6 +240,9 @@ type Options struct {
 	// TempDir holds the bodies streamed between backends (default: the
 	// system temp dir).
 	TempDir string
+	// WithWAL copies the checkpoint's WAL chain with it (not with
+	// JobConsistent: a WAL extends one task past the job-wide point).
+	WithWAL bool
 }
 
 // Result is what Create did. Its JSON is `ckpt savepoint --json`'s.
@@ -288,6 +302,9 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 	if o.JobConsistent && o.Checkpoint != 0 {
 		return nil, errors.New("savepoint: --job-consistent picks the checkpoint; do not give --checkpoint too")
 	}
+	if o.JobConsistent && o.WithWAL {
+		return nil, errors.New("savepoint: --with-wal saves one task past its checkpoint; a job-consistent savepoint keeps every task at the job-wide checkpoint (leave one of them out)")
+	}
 	if err := checkApart(o.Source, o.Target); err != nil {
 		return nil, err
 	}
@@ -320,6 +337,7 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 	var objs []object
 	seen := map[string]bool{}
 	encoded := map[string][]byte{}
+	var walKeys []string // WAL manifests, copied after every object
 	for _, task := range tasks {
 		ref, err := cat.Find(task, n)
 		if err != nil {
@@ -344,6 +362,25 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 			seen[f.Key] = true
 			objs = append(objs, object{key: f.Key, size: f.Size, digest: f.Digest()})
 		}
+		if o.WithWAL {
+			chain, _, err := wal.UsableChain(ctx, o.Source, o.Job, task, n, ref.Epoch)
+			if err != nil {
+				return nil, fmt.Errorf("savepoint: %w", err)
+			}
+			for _, wm := range chain {
+				for _, r := range wm.Segments {
+					if key := wm.SegmentKey(r); !seen[key] {
+						seen[key] = true
+						objs = append(objs, object{key: key, size: r.Size(), digest: r.SHA256})
+					}
+				}
+				walKeys = append(walKeys, wm.Key())
+			}
+			if k := len(chain); k > 0 {
+				e := &rec.Tasks[len(rec.Tasks)-1]
+				e.WALManifests, e.WALThroughUnixMs = k, chain[k-1].ThroughUnixMs
+			}
+		}
 	}
 	slices.SortFunc(objs, func(a, b object) int { return strings.Compare(a.key, b.key) })
 
@@ -364,6 +401,12 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("savepoint: manifest of task %s: %w", e.Task, err)
 		}
 	}
+	// The WAL manifests after their segments: as stored, checked again.
+	for _, key := range walKeys {
+		if err := copyWALManifest(ctx, o.Source, o.Target, key); err != nil {
+			return nil, err
+		}
+	}
 	rec.Objects, rec.Bytes = len(objs), sumSizes(objs)
 	data, err := encode(rec)
 	if err != nil {
@@ -380,6 +423,27 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// copyWALManifest copies the WAL manifest at key byte for byte, after
+// checking that it decodes.
+func copyWALManifest(ctx context.Context, src, dst storage.Store, key string) error {
+	rc, err := src.Get(ctx, key)
+	if err != nil {
+		return fmt.Errorf("savepoint: wal manifest %s: %w", key, err)
+	}
+	data, err := io.ReadAll(io.LimitReader(rc, wal.MaxManifestBytes+1))
+	rc.Close()
+	if err != nil {
+		return fmt.Errorf("savepoint: wal manifest %s: %w", key, err)
+	}
+	if _, err := wal.Decode(data); err != nil {
+		return fmt.Errorf("savepoint: wal manifest %s: %w", key, err)
+	}
+	if err := putVerified(ctx, dst, key, data); err != nil {
+		return fmt.Errorf("savepoint: wal manifest %s: %w", key, err)
+	}
+	return nil
 }
 
 // CheckApart refuses a target that is the source or inside it (or holds

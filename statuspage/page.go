@@ -111,6 +111,8 @@ type drillSummary struct {
 	VsCheckpoint     string // drill duration over the last checkpoint's, "1.4×"
 	ThroughputBytesS int64
 	Sample           bool // a sample drill: Bytes were read and verified, not restored
+	RPO              time.Duration
+	RPOH             string // the recovery point, "2.1s" ("" when not measured)
 }
 
 // standbySummary is this agent's warm copy of a task it follows.
@@ -257,6 +259,9 @@ func newTaskPage(tv telemetry.TaskView, now time.Time) taskPage {
 		ds := &drillSummary{Checkpoint: d.Checkpoint, Duration: d.Duration, DurationH: human.Duration(d.Duration),
 			Throughput: d.Throughput, ThroughputH: human.Rate(d.Throughput), Bytes: human.Bytes(d.Bytes),
 			Verified: d.Verified, Error: d.Error, Ago: ago(now, d.At), ThroughputBytesS: int64(d.Throughput), Sample: d.Sample}
+		if d.RPO > 0 {
+			ds.RPO, ds.RPOH = d.RPO, human.Duration(d.RPO)
+		}
 		if last != nil && last.Total > 0 && d.Duration > 0 && !d.Sample {
 			ds.VsCheckpoint = strconv.FormatFloat(float64(d.Duration)/float64(last.Total), 'f', 1, 64) + "×"
 		}
@@ -547,7 +552,7 @@ footer{color:var(--muted);padding:0 24px 20px;font-size:12px}
 <tr><th>last checkpoint</th><td><span class="value last-checkpoint-id">none completed</span></td></tr>
 {{end}}
 {{with .Drill}}
-<tr><th>restore drill</th><td>{{if .Verified}}<span class="value drill-duration" data-ns="{{.Duration.Nanoseconds}}">{{.DurationH}}</span> at <span class="value drill-throughput" data-bytes-per-second="{{.ThroughputBytesS}}">{{.ThroughputH}}</span>
+<tr><th>restore drill</th><td>{{if .Verified}}<span class="value drill-duration" data-ns="{{.Duration.Nanoseconds}}">{{.DurationH}}</span> at <span class="value drill-throughput" data-bytes-per-second="{{.ThroughputBytesS}}">{{.ThroughputH}}</span>{{if .RPOH}} · recovery point <span class="value drill-rpo" data-ns="{{.RPO.Nanoseconds}}">{{.RPOH}}</span>{{end}}
 <div class="sub">{{.Bytes}}{{if .Sample}} sample{{end}} of checkpoint {{.Checkpoint}}, verified{{if .VsCheckpoint}} · {{.VsCheckpoint}} the last checkpoint's duration{{end}}{{if .Ago}} · {{.Ago}}{{end}}</div>
 {{else}}<span class="value bad drill-failed">failed</span><div class="sub">checkpoint {{.Checkpoint}}{{if .Error}}: {{.Error}}{{end}}</div>{{end}}</td></tr>
 {{else}}

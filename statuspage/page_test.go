@@ -60,7 +60,7 @@ func sampleView() telemetry.View {
 	tasks := []telemetry.TaskView{
 		{Task: "orders-0", History: sawtooth(24, 8*mib, 40*mib, start), InFlight: 1,
 			LastDrill: &telemetry.DrillRecord{Task: "orders-0", Checkpoint: 23, Bytes: 88 * mib, Files: 14,
-				Duration: 1700 * time.Millisecond, Throughput: 88 * mib / 1.7, Verified: true, At: now.Add(-90 * time.Second)}},
+				Duration: 1700 * time.Millisecond, Throughput: 88 * mib / 1.7, Verified: true, At: now.Add(-90 * time.Second), RPO: 2100 * time.Millisecond}},
 		{Task: "orders-1", History: sawtooth(7, 3*mib, 1200*mib, start),
 			Standby: &telemetry.StandbyRecord{Task: "orders-1", Held: 6, Newest: 7, Lag: 4 * time.Second, BytesRemote: 3 * mib,
 				Failover: 90 * time.Millisecond, FailoverBytes: 1200 * mib, At: now.Add(-5 * time.Second)}},
@@ -192,6 +192,8 @@ func TestStatusPage(t *testing.T) {
 		// Task orders-0: a verified drill, beside its last checkpoint's duration.
 		`<span class="value drill-duration" data-ns="1700000000">1.70 s</span>`,
 		`<span class="value drill-throughput" data-bytes-per-second="54279228">51.8 MiB/s</span>`,
+		// Its recovery point beside the restore time.
+		`recovery point <span class="value drill-rpo" data-ns="2100000000">2.10 s</span>`,
 		"88.0 MiB of checkpoint 23, verified",
 		// Task orders-1: no drill, a warm standby one checkpoint behind.
 		"no drill yet",

@@ -77,6 +77,9 @@ type DrillRecord struct {
 	Sample bool      `json:"sample,omitempty"`
 	Error  string    `json:"error,omitempty"`
 	At     time.Time `json:"at"`
+	// RPO is the drill's recovery point: the age of the newest write its
+	// restore recovered (0: not measured, a sample drill).
+	RPO time.Duration `json:"rpo_ns,omitempty"`
 }
 
 // StandbyRecord is one refresh of a warm standby's copy of a task this
@@ -179,6 +182,7 @@ type instruments struct {
 	restoreBytes                              metric.Int64Counter
 	drillDur, drillThroughput                 metric.Float64Gauge
 	drillOK, drillSample                      metric.Int64Gauge
+	drillRPO                                  metric.Float64Gauge
 	standbyLag                                metric.Float64Gauge
 	standbyHeld                               metric.Int64Gauge
 	standbyBytes                              metric.Int64Counter
@@ -319,6 +323,7 @@ func (t *instruments) create(m metric.Meter) error {
 	t.restoreBytes = ctr("ckpt.restore", "By", "Bytes restored, by source (local, remote).")
 	t.drillDur = fg("ckpt.drill.last.duration", "s", "Duration of the last restore drill: measured restore time from storage alone.")
 	t.drillThroughput = fg("ckpt.drill.last.throughput", "By/s", "Throughput of the last restore drill.")
+	t.drillRPO = fg("ckpt.drill.last.rpo", "s", "Recovery point of the last restore drill: the age, when it ended, of the newest write its restore recovered (checkpoint and shipped WAL).")
 	t.drillOK = ig("ckpt.drill.last.verified", "1", "1 if the last restore drill verified every byte, 0 if it failed.")
 	t.drillSample = ig("ckpt.drill.last.sample", "1", "1 if the last restore drill was a sample (--drill-sample-bytes: a random sample of the files read and verified, nothing restored), 0 if it restored the whole checkpoint.")
 	t.standbyLag = fg("ckpt.standby.lag", "s", "How long ago the owner committed the checkpoint a warm standby follows, while the standby's copy lacks it (0: it holds it).")
@@ -510,6 +515,9 @@ func (t *Telemetry) DrillEnded(ctx context.Context, d DrillRecord) {
 		ok = 1
 		t.drillDur.Record(ctx, d.Duration.Seconds(), a)
 		t.drillThroughput.Record(ctx, d.Throughput, a)
+		if d.RPO > 0 {
+			t.drillRPO.Record(ctx, d.RPO.Seconds(), a)
+		}
 	}
 	t.drillOK.Record(ctx, ok, a)
 	sample := int64(0)

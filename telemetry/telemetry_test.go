@@ -38,7 +38,7 @@ func TestMetricsCarryBothSizesWithFlinksMeanings(t *testing.T) {
 	tel.CheckpointEnded(ctx, CheckpointRecord{Task: "orders-3", Checkpoint: 8, Status: "failed"})
 	tel.GCEnded(ctx, 20_000_000, 5, 1000)
 	tel.RestoreEnded(ctx, RestoreRecord{Task: "orders-3", BytesLocal: 100, BytesRemote: 50, Duration: time.Second, OK: true})
-	tel.DrillEnded(ctx, DrillRecord{Task: "orders-3", Checkpoint: 7, Bytes: 14_780_068, Duration: 2 * time.Second, Throughput: 7_390_034, Verified: true})
+	tel.DrillEnded(ctx, DrillRecord{Task: "orders-3", Checkpoint: 7, Bytes: 14_780_068, Duration: 2 * time.Second, Throughput: 7_390_034, Verified: true, RPO: 1500 * time.Millisecond})
 	tel.ReuseReplaced(ctx, "missing")
 	tel.ScrubObject(ctx, "ok", 1000)
 	tel.ScrubObject(ctx, "corrupt", 500)
@@ -66,6 +66,7 @@ func TestMetricsCarryBothSizesWithFlinksMeanings(t *testing.T) {
 		`ckpt_scrub_bytes_total{ckpt_job="orders"} 1500`,
 		`ckpt_restore_bytes_total{ckpt_job="orders",source="local",task="orders-3"} 100`,
 		`ckpt_drill_last_duration_seconds{ckpt_job="orders",task="orders-3"} 2`,
+		`ckpt_drill_last_rpo_seconds{ckpt_job="orders",task="orders-3"} 1.5`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %s", want)

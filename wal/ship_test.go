@@ -47,7 +47,7 @@ func takeOwner(t *testing.T, s storage.Store, agent string) manifests.Owner {
 }
 
 // snapshotLogs is ScanCopy of every log file of a snapshot dir.
-func snapshotLogs(t *testing.T, dir string) []LogEnd {
+func snapshotLogsOf(t *testing.T, dir string) []LogEnd {
 	t.Helper()
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -161,7 +161,7 @@ func TestShipperShipsExactlyTheRecordsWrittenAfterTheCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	logs := snapshotLogs(t, snap)
+	logs := snapshotLogsOf(t, snap)
 	sh := NewShipper(ShipperConfig{Store: s, Job: testJob, Task: testTask, Dir: d, MaxSegment: 32 << 10, Agent: "a"})
 	if err := sh.Rebase(1, owner.Epoch, logs); err != nil {
 		t.Fatal(err)

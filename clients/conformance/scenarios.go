@@ -28,7 +28,8 @@ var (
 		{Task: "t2", LastCompleted: 0}}}
 	evRestored = protocol.Event{Event: "restored", Restored: &protocol.Restored{Restored: true, Task: "t1", Checkpoint: 6,
 		Files: 3, Bytes: 300, BytesLocal: 200, BytesRemote: 100, FilesLocal: 2, FilesRemote: 1,
-		LocalVerification: "sha256", DurationMS: 12, Target: "/data/restored"}}
+		LocalVerification: "sha256", DurationMS: 12, Target: "/data/restored",
+		To: "latest", WALPosition: &protocol.WALPosition{Checkpoint: 6, Log: "000012.log", Offset: 4096}, RecoveredWriteAgeMS: 1500}}
 	evRestoreFailed = protocol.Event{Event: "failed", Task: "t1", Checkpoint: 5, Error: protocol.Errorf(protocol.CodeNotFound, "no checkpoint 5")}
 	evFollowing     = protocol.Event{Event: "following", Task: "t9"}
 	// evInvalid answers a request the agent cannot decode or that is

@@ -29,6 +29,7 @@ func runRestore(ctx context.Context, args []string) error {
 	target := fs.String("target", "", "directory to restore into (must be absent or empty)")
 	n := fs.Uint64("checkpoint", 0, "checkpoint to restore (default: the newest complete one)")
 	jobConsistent := fs.Bool("job-consistent", false, "restore the newest job-complete checkpoint: the newest one every task of the job completed (not with --checkpoint)")
+	to := fs.String("to", "", "latest: the checkpoint and the write-ahead log shipped after it (the default, except with --job-consistent); checkpoint: the checkpoint alone")
 	localDir := fs.String("local-dir", "", "the agent's local dir: take verified files from the local copy, and record the restore there")
 	ifNotExists := fs.Bool("if-not-exists", false, "succeed and do nothing if the target already holds a store")
 	ifCkpt := fs.Bool("if-checkpoint-exists", false, "succeed and do nothing if storage holds no checkpoint of the task")
@@ -59,6 +60,12 @@ func runRestore(ctx context.Context, args []string) error {
 				return usageError{err}
 			}
 		}
+	}
+	if *to != "" && *to != restore.ToLatest && *to != restore.ToCheckpoint {
+		return usageError{fmt.Errorf("--to must be latest or checkpoint, got %q", *to)}
+	}
+	if *to == restore.ToLatest && *jobConsistent {
+		return usageError{errors.New("--job-consistent restores the job-wide checkpoint: --to latest would extend one task past it")}
 	}
 	if *verifyLocal != "sha256" && *verifyLocal != "identity" {
 		return usageError{fmt.Errorf("--verify-local must be sha256 or identity, got %q", *verifyLocal)}
@@ -118,6 +125,7 @@ func runRestore(ctx context.Context, args []string) error {
 	bar := newProgress(!*asJSON, "restore")
 	res, err := restore.Run(ctx, restore.Options{
 		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, JobConsistent: *jobConsistent, LocalDir: *localDir,
+		To:          restore.DefaultTo(*to, *jobConsistent),
 		IfNotExists: *ifNotExists, IfCheckpointExists: *ifCkpt, Parallelism: *par, Progress: bar.update,
 		TrustUnchangedLocal: *verifyLocal == "identity",
 	})
@@ -143,6 +151,13 @@ func printRestore(res *restore.Result, asJSON bool) error {
 	}
 	fmt.Printf("restored %s checkpoint %d into %s: %d files, %d B (%d B local, %d B remote) in %d ms\n",
 		res.Task, res.Checkpoint, res.Target, res.Files, res.Bytes, res.BytesLocal, res.BytesRemote, res.DurationMS)
+	if p := res.WALPosition; p != nil {
+		fmt.Printf("write-ahead log: %d segments, %d B, to manifest %d (%s at %d); newest write recovered %d ms ago\n",
+			res.WALSegments, res.WALBytes, p.Seq, p.Log, p.Offset, res.RecoveredWriteAgeMS)
+	}
+	if res.WALStopped != "" {
+		fmt.Fprintf(os.Stderr, "note: the write-ahead log was not applied to its end: %s\n", res.WALStopped)
+	}
 	return nil
 }
 

@@ -75,6 +75,7 @@ func runDrill(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("drill of %s checkpoint %d: %d files, %s restored from storage and verified in %d ms (%s/s)",
 		res.Task, res.Checkpoint, res.Files, human.Bytes(res.Bytes), res.DurationMS, human.Bytes(int64(res.ThroughputBytesPerS)))
+	fmt.Printf("; recovery point %d ms (%d WAL segments, %s, over the checkpoint)", res.RPOMS, res.WALSegments, human.Bytes(res.WALBytes))
 	switch {
 	case res.EngineChecked:
 		fmt.Printf("; the store opens, %d keys", res.Keys)

@@ -10,7 +10,7 @@ import (
 )
 
 func runSavepoint(ctx context.Context, args []string) error {
-	fs := newFlags("savepoint", "--storage URL --job J --task T [--checkpoint N | --job-consistent] --to URL2 [--overwrite] [--json]",
+	fs := newFlags("savepoint", "--storage URL --job J --task T [--checkpoint N | --job-consistent] [--with-wal] --to URL2 [--overwrite] [--json]",
 		"ckpt savepoint --storage s3://bucket/ckpt --job orders --task orders-3 --to gs://archive/orders-before-upgrade --json")
 	store := fs.String("storage", "", "the job's storage URL (only read)")
 	job := fs.String("job", "", "job name")
@@ -21,6 +21,7 @@ func runSavepoint(ctx context.Context, args []string) error {
 	overwrite := fs.Bool("overwrite", false, "replace a savepoint already at --to")
 	conc := fs.Int("concurrency", 8, "objects copied at once")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
+	withWAL := fs.Bool("with-wal", false, "also save the write-ahead log shipped after the checkpoint: a restore of the savepoint goes to its newest write (not with --job-consistent)")
 	if err := parse(fs, args, "storage", "job", "task", "to"); err != nil {
 		return err
 	}
@@ -47,7 +48,7 @@ func runSavepoint(ctx context.Context, args []string) error {
 	}
 	defer dst.Close()
 	res, err := savepoint.Create(ctx, savepoint.Options{Source: src, Job: *job, Task: *task, Checkpoint: *n,
-		JobConsistent: *jobConsistent, Target: dst, Overwrite: *overwrite, Concurrency: *conc})
+		JobConsistent: *jobConsistent, Target: dst, Overwrite: *overwrite, Concurrency: *conc, WithWAL: *withWAL})
 	if err != nil {
 		return err
 	}
