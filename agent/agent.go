@@ -867,7 +867,13 @@ func (a *Agent) restore(ctx context.Context, c *conn, req protocol.Request) {
 		a.mu.Lock()
 		a.taskLocked(req.Task)
 		a.mu.Unlock()
-		if _, err := a.txn.OwnForRestore(ctx, req.Task); err != nil {
+		resumed, err := restore.ResumePoint(ctx, restore.Options{Store: a.cfg.Store, Job: a.cfg.Job, Task: req.Task,
+			Checkpoint: req.Checkpoint, JobConsistent: req.JobConsistent, To: req.To})
+		if err != nil {
+			fail(err)
+			return
+		}
+		if _, err := a.txn.OwnForRestore(ctx, req.Task, resumed); err != nil {
 			c.send(protocol.Event{Event: "failed", ID: req.ID, Task: req.Task, Checkpoint: req.Checkpoint, Error: ownError(req, err)})
 			return
 		}

@@ -273,7 +273,7 @@ func TestAFencedOwnerCommitsNothingAndRetiresNothing(t *testing.T) {
 
 	// The new owner takes the task (a restore on another node).
 	nu := newRig(t, base, "node-b", 1)
-	if _, err := nu.c.OwnForRestore(context.Background(), "t"); err != nil {
+	if _, err := nu.c.OwnForRestore(context.Background(), "t", nil); err != nil {
 		t.Fatal(err)
 	}
 	// The old owner's ownership is cached: only its check before the
@@ -298,12 +298,12 @@ func TestAFencedOwnerCommitsNothingAndRetiresNothing(t *testing.T) {
 	// takeover saw checkpoint 3, so it is valid, but its writer is fenced
 	// by then and retires nothing (retain 1 would retire 2).
 	nu2 := newRig(t, h, "node-b", 1)
-	if _, err := nu2.c.OwnForRestore(context.Background(), "t"); err != nil {
+	if _, err := nu2.c.OwnForRestore(context.Background(), "t", nil); err != nil {
 		t.Fatal(err)
 	}
 	third := newRig(t, base, "node-c", 1)
 	h.arm(manifestOf(3), true, func() error {
-		_, err := third.c.OwnForRestore(context.Background(), "t")
+		_, err := third.c.OwnForRestore(context.Background(), "t", nil)
 		return err
 	})
 	if _, err := nu2.run("t", 3, "000001.sst", "000003.sst"); err != nil {

@@ -13,8 +13,17 @@ import (
 // checks it still does; if a newer owner fenced it, takes the task back at
 // a new epoch: a task may move A -> B -> A). Errors are as Run's ownership
 // errors: an *OwnershipError.
-func (c *Committer) OwnForRestore(ctx context.Context, name string) (manifests.Owner, error) {
-	return c.own(ctx, c.task(name), true, true)
+//
+// resumed, when not nil, is where in the old owner's write-ahead log the
+// restore that follows will end (restore.ResumePoint): a takeover records
+// it, so that later restores use the old owner's WAL up to there and no
+// further.
+func (c *Committer) OwnForRestore(ctx context.Context, name string, resumed *manifests.WALResumed) (manifests.Owner, error) {
+	t := c.task(name)
+	c.mu.Lock()
+	t.resumed = resumed
+	c.mu.Unlock()
+	return c.own(ctx, t, true, true)
 }
 
 // own returns this agent's ownership of t, taking it on the first call
@@ -74,7 +83,19 @@ func (c *Committer) ownLocked(ctx context.Context, t *task, recheck, restoring b
 	if err != nil {
 		return manifests.Owner{}, err
 	}
-	rec, err := manifests.TakeOwnershipOn(ctx, c.cfg.Store, c.cfg.Job, name, c.cfg.Node, vol, c.cfg.AgentID, may)
+	// Where this node's store left the old owner's WAL: the restore op's
+	// resume point, else the note of the last restore into the local dir
+	// (recorded only if it extends the owner taken over from).
+	c.mu.Lock()
+	resumed := t.resumed
+	t.resumed = nil
+	c.mu.Unlock()
+	if resumed == nil && !restoring {
+		if r, ok := c.cfg.Local.WALResumed(name); ok {
+			resumed = &r
+		}
+	}
+	rec, err := manifests.TakeOwnershipResuming(ctx, c.cfg.Store, c.cfg.Job, name, c.cfg.Node, vol, c.cfg.AgentID, resumed, may)
 	if err != nil {
 		c.cfg.Note(context.WithoutCancel(ctx), name, err)
 		return manifests.Owner{}, err

@@ -13,6 +13,9 @@ import (
 // Committer.mu except those noted.
 type task struct {
 	name string
+	// resumed is the WAL position the next takeover records (see
+	// OwnForRestore), under Committer.mu.
+	resumed *manifests.WALResumed
 
 	loadMu sync.Mutex // serialises loading from storage (held without Committer.mu)
 	loaded bool

@@ -172,7 +172,7 @@ func TestAKilledAppAndNodeLoseOnlyTheLastSecondsOfWrites(t *testing.T) {
 		WALPosition *struct {
 			Checkpoint uint64 `json:"checkpoint"`
 			Seq        uint64 `json:"seq"`
-			Log        uint64 `json:"log"`
+			Log        string `json:"log"`
 			Offset     int64  `json:"offset"`
 		} `json:"wal_position"`
 		RecoveredWriteAgeMS int64 `json:"recovered_write_age_ms"`

@@ -1052,3 +1052,35 @@ func (v *verifier) check() error {
 	}
 	return nil
 }
+
+// ResumePoint returns where in the write-ahead log a restore with o (its
+// Store, Job, Task, Checkpoint, JobConsistent and To) would end: the
+// checkpoint it picks, the epoch that wrote it and the last WAL manifest
+// of the usable chain; nil when it would apply no WAL. A restore op takes
+// the task over with it in the new ownership record (wal_resumed), so that
+// the WAL the restore applies stays usable under the new owner, and what
+// the old owner ships after it never is.
+func ResumePoint(ctx context.Context, o Options) (*manifests.WALResumed, error) {
+	if DefaultTo(o.To, o.JobConsistent) != ToLatest {
+		return nil, nil
+	}
+	n, err := pick(ctx, o)
+	if err != nil {
+		return nil, err
+	}
+	cat, err := manifests.Scan(ctx, o.Store, o.Job, o.Task)
+	if err != nil {
+		return nil, err
+	}
+	for _, r := range cat.Retained(o.Task) {
+		if r.Checkpoint != n {
+			continue
+		}
+		chain, _, err := wal.UsableChain(ctx, o.Store, o.Job, o.Task, n, r.Epoch)
+		if err != nil || len(chain) == 0 {
+			return nil, err
+		}
+		return &manifests.WALResumed{Checkpoint: n, Epoch: r.Epoch, Seq: chain[len(chain)-1].Seq}, nil
+	}
+	return nil, nil
+}
