@@ -96,13 +96,15 @@ type Options struct {
 }
 
 // DefaultTo is the point a restore request goes to when it names none
-// (to ""): latest, except for a job-consistent restore, which goes to the
-// job-wide checkpoint.
-func DefaultTo(to string, jobConsistent bool) string {
+// (to ""): latest, except for a restore that names its checkpoint (n > 0),
+// which gets that checkpoint as it was taken, and a job-consistent
+// restore, which goes to the job-wide checkpoint. `--checkpoint N --to
+// latest` restores N extended with its WAL.
+func DefaultTo(to string, n uint64, jobConsistent bool) string {
 	switch {
 	case to != "":
 		return to
-	case jobConsistent:
+	case jobConsistent, n > 0:
 		return ToCheckpoint
 	}
 	return ToLatest
@@ -1061,7 +1063,7 @@ func (v *verifier) check() error {
 // the WAL the restore applies stays usable under the new owner, and what
 // the old owner ships after it never is.
 func ResumePoint(ctx context.Context, o Options) (*manifests.WALResumed, error) {
-	if DefaultTo(o.To, o.JobConsistent) != ToLatest {
+	if DefaultTo(o.To, o.Checkpoint, o.JobConsistent) != ToLatest {
 		return nil, nil
 	}
 	n, err := pick(ctx, o)

@@ -166,7 +166,7 @@ func realAgent(t *testing.T, mod func(*agent.Config)) (socket, root string) {
 		GCGrace: time.Hour, ShutdownGrace: 5 * time.Second, Version: "v1.0.0-test",
 		Restore: func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 			return restore.Run(ctx, restore.Options{Store: store, Job: "job", Task: r.Task, Checkpoint: r.Checkpoint,
-				JobConsistent: r.JobConsistent, To: restore.DefaultTo(r.To, r.JobConsistent), Target: r.Target, TargetParent: r.Parent, LocalDir: local})
+				JobConsistent: r.JobConsistent, To: restore.DefaultTo(r.To, r.Checkpoint, r.JobConsistent), Target: r.Target, TargetParent: r.Parent, LocalDir: local})
 		},
 		Standby: func(ctx context.Context, task string) (*restore.RefreshResult, error) {
 			return &restore.RefreshResult{}, nil

@@ -299,7 +299,7 @@ func runAgent(ctx context.Context, args []string) error {
 	}
 	cfg.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 		res, err := restore.Run(ctx, restore.Options{Store: st, Job: o.job, Task: r.Task, Checkpoint: r.Checkpoint,
-			JobConsistent: r.JobConsistent, To: restore.DefaultTo(r.To, r.JobConsistent), Target: r.Target, TargetParent: r.Parent, LocalDir: o.localDir})
+			JobConsistent: r.JobConsistent, To: restore.DefaultTo(r.To, r.Checkpoint, r.JobConsistent), Target: r.Target, TargetParent: r.Parent, LocalDir: o.localDir})
 		recordRestore(ctx, tel, r.Task, res, err)
 		return res, err
 	}

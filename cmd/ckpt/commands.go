@@ -29,7 +29,7 @@ func runRestore(ctx context.Context, args []string) error {
 	target := fs.String("target", "", "directory to restore into (must be absent or empty)")
 	n := fs.Uint64("checkpoint", 0, "checkpoint to restore (default: the newest complete one)")
 	jobConsistent := fs.Bool("job-consistent", false, "restore the newest job-complete checkpoint: the newest one every task of the job completed (not with --checkpoint)")
-	to := fs.String("to", "", "latest: the checkpoint and the write-ahead log shipped after it (the default, except with --job-consistent); checkpoint: the checkpoint alone")
+	to := fs.String("to", "", "latest: the checkpoint and the write-ahead log shipped after it (the default, except with --checkpoint N or --job-consistent); checkpoint: the checkpoint alone")
 	localDir := fs.String("local-dir", "", "the agent's local dir: take verified files from the local copy, and record the restore there")
 	ifNotExists := fs.Bool("if-not-exists", false, "succeed and do nothing if the target already holds a store")
 	ifCkpt := fs.Bool("if-checkpoint-exists", false, "succeed and do nothing if storage holds no checkpoint of the task")
@@ -125,7 +125,7 @@ func runRestore(ctx context.Context, args []string) error {
 	bar := newProgress(!*asJSON, "restore")
 	res, err := restore.Run(ctx, restore.Options{
 		Store: st, Job: *job, Task: *task, Target: *target, Checkpoint: *n, JobConsistent: *jobConsistent, LocalDir: *localDir,
-		To:          restore.DefaultTo(*to, *jobConsistent),
+		To:          restore.DefaultTo(*to, *n, *jobConsistent),
 		IfNotExists: *ifNotExists, IfCheckpointExists: *ifCkpt, Parallelism: *par, Progress: bar.update,
 		TrustUnchangedLocal: *verifyLocal == "identity",
 	})

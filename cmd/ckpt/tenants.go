@@ -100,7 +100,7 @@ func runNodeAgent(ctx context.Context, o *agentOptions, ckptTimeout, idle time.D
 		job := t.Job
 		svc.Restore = func(ctx context.Context, r agent.RestoreRequest) (*restore.Result, error) {
 			res, err := restore.Run(ctx, restore.Options{Store: s.up, Job: job, Task: r.Task, Checkpoint: r.Checkpoint,
-				JobConsistent: r.JobConsistent, To: restore.DefaultTo(r.To, r.JobConsistent), Target: r.Target, TargetParent: r.Parent, LocalDir: tenantDir})
+				JobConsistent: r.JobConsistent, To: restore.DefaultTo(r.To, r.Checkpoint, r.JobConsistent), Target: r.Target, TargetParent: r.Parent, LocalDir: tenantDir})
 			recordRestore(ctx, jtel, r.Task, res, err)
 			return res, err
 		}
