@@ -40,6 +40,14 @@ type shipped struct {
 
 func (s *shipped) poll(tl *Tailer) {
 	s.t.Helper()
+	// A segment cut at the size limit (More) has more behind it: poll on
+	// until none is, as a shipping round does.
+	for s.pollOnce(tl) {
+	}
+}
+
+func (s *shipped) pollOnce(tl *Tailer) (more bool) {
+	s.t.Helper()
 	segs, gaps, err := tl.Next()
 	if err != nil {
 		s.t.Fatal(err)
@@ -65,7 +73,9 @@ func (s *shipped) poll(tl *Tailer) {
 		}
 		s.sealed[key] = seg.Sealed
 		tl.Ack(seg)
+		more = more || seg.More
 	}
+	return more
 }
 
 // A tailer following a store that writes, rotates and removes its logs
