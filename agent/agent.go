@@ -172,17 +172,7 @@ type Config struct {
 
 func (c *Config) defaults() error {
 	if len(c.Tenants) > 0 {
-		switch {
-		case c.Socket == "" || c.LocalDir == "":
-			return errors.New("agent: socket and local dir are required")
-		case c.Store != nil || c.Job != "" || len(c.AllowRoots) > 0 || len(c.AllowUIDs) > 0 || len(c.AllowGIDs) > 0:
-			return errors.New("agent: with tenants, each tenant names its storage, job and allowed roots, and its credentials decide who may connect: give no storage, job, allowed roots, allowed uids or gids besides")
-		case c.Restore != nil || c.Drill != nil || c.TenantServices == nil:
-			return errors.New("agent: with tenants, restores and drills come from TenantServices, which is required")
-		case len(c.StandbyFor) > 0 || c.Standby != nil:
-			return errors.New("agent: standby copies follow tasks of one job: not with tenants")
-		}
-		return nil
+		return c.tenantsConfig()
 	}
 	if c.Socket == "" || c.Store == nil || c.Job == "" || c.LocalDir == "" {
 		return errors.New("agent: socket, storage, job and local dir are required")
@@ -237,26 +227,8 @@ func (c *Config) defaults() error {
 	if c.ManifestFormat != manifests.Format1 && c.ManifestFormat != manifests.Format2 {
 		return fmt.Errorf("manifest format %d: this ckpt writes formats 1 and 2", c.ManifestFormat)
 	}
-	if c.MaxConcurrent == 0 {
-		c.MaxConcurrent = 1
-	}
-	if c.MaxQueued == 0 {
-		c.MaxQueued = 4
-	}
-	if c.UploadConcurrency < 1 || c.MaxConcurrent < 1 || c.MaxQueued < 1 {
-		return fmt.Errorf("upload concurrency, max concurrent and max queued must be at least 1")
-	}
-	if c.CommitPatience == 0 {
-		c.CommitPatience = 2 * time.Minute
-	}
-	if c.WALInterval == 0 {
-		c.WALInterval = time.Second
-	}
-	if c.WALSegmentBytes == 0 {
-		c.WALSegmentBytes = 16 << 20
-	}
-	if c.WALSegmentBytes < 0 {
-		return fmt.Errorf("wal segment bytes must be positive, got %d", c.WALSegmentBytes)
+	if err := c.queueAndWAL(); err != nil {
+		return err
 	}
 	if c.StandbyInterval <= 0 {
 		c.StandbyInterval = 10 * time.Second
@@ -290,6 +262,49 @@ func (c *Config) defaults() error {
 			return fmt.Errorf("allow root %q: %w (it must exist)", r, err)
 		}
 		c.AllowRoots[i] = resolved
+	}
+	return nil
+}
+
+// tenantsConfig checks a node agent's config: each tenant brings its own
+// storage, job, roots and services.
+func (c *Config) tenantsConfig() error {
+	switch {
+	case c.Socket == "" || c.LocalDir == "":
+		return errors.New("agent: socket and local dir are required")
+	case c.Store != nil || c.Job != "" || len(c.AllowRoots) > 0 || len(c.AllowUIDs) > 0 || len(c.AllowGIDs) > 0:
+		return errors.New("agent: with tenants, each tenant names its storage, job and allowed roots, and its credentials decide who may connect: give no storage, job, allowed roots, allowed uids or gids besides")
+	case c.Restore != nil || c.Drill != nil || c.TenantServices == nil:
+		return errors.New("agent: with tenants, restores and drills come from TenantServices, which is required")
+	case len(c.StandbyFor) > 0 || c.Standby != nil:
+		return errors.New("agent: standby copies follow tasks of one job: not with tenants")
+	}
+	return nil
+}
+
+// queueAndWAL sets and checks the limits of the checkpoint queue and of
+// WAL shipping.
+func (c *Config) queueAndWAL() error {
+	if c.MaxConcurrent == 0 {
+		c.MaxConcurrent = 1
+	}
+	if c.MaxQueued == 0 {
+		c.MaxQueued = 4
+	}
+	if c.UploadConcurrency < 1 || c.MaxConcurrent < 1 || c.MaxQueued < 1 {
+		return fmt.Errorf("upload concurrency, max concurrent and max queued must be at least 1")
+	}
+	if c.CommitPatience == 0 {
+		c.CommitPatience = 2 * time.Minute
+	}
+	if c.WALInterval == 0 {
+		c.WALInterval = time.Second
+	}
+	if c.WALSegmentBytes == 0 {
+		c.WALSegmentBytes = 16 << 20
+	}
+	if c.WALSegmentBytes < 0 {
+		return fmt.Errorf("wal segment bytes must be positive, got %d", c.WALSegmentBytes)
 	}
 	return nil
 }

@@ -290,22 +290,7 @@ func (ob object) dst() string {
 // once they verify. The job's storage is only read.
 func Create(ctx context.Context, o Options) (*Result, error) {
 	start := time.Now()
-	if o.Source == nil || o.Target == nil {
-		return nil, errors.New("savepoint: a source and a target store are required")
-	}
-	if err := manifests.ValidName("job", o.Job); err != nil {
-		return nil, err
-	}
-	if err := manifests.ValidName("task", o.Task); err != nil {
-		return nil, err
-	}
-	if o.JobConsistent && o.Checkpoint != 0 {
-		return nil, errors.New("savepoint: --job-consistent picks the checkpoint; do not give --checkpoint too")
-	}
-	if o.JobConsistent && o.WithWAL {
-		return nil, errors.New("savepoint: --with-wal saves one task past its checkpoint; a job-consistent savepoint keeps every task at the job-wide checkpoint (leave one of them out)")
-	}
-	if err := checkApart(o.Source, o.Target); err != nil {
+	if err := o.check(); err != nil {
 		return nil, err
 	}
 	if o.Concurrency < 1 {
@@ -363,22 +348,8 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 			objs = append(objs, object{key: f.Key, size: f.Size, digest: f.Digest()})
 		}
 		if o.WithWAL {
-			chain, _, err := wal.UsableChain(ctx, o.Source, o.Job, task, n, ref.Epoch)
-			if err != nil {
-				return nil, fmt.Errorf("savepoint: %w", err)
-			}
-			for _, wm := range chain {
-				for _, r := range wm.Segments {
-					if key := wm.SegmentKey(r); !seen[key] {
-						seen[key] = true
-						objs = append(objs, object{key: key, size: r.Size(), digest: r.SHA256})
-					}
-				}
-				walKeys = append(walKeys, wm.Key())
-			}
-			if k := len(chain); k > 0 {
-				e := &rec.Tasks[len(rec.Tasks)-1]
-				e.WALManifests, e.WALThroughUnixMs = k, chain[k-1].ThroughUnixMs
+			if objs, walKeys, err = withWAL(ctx, o, task, n, ref.Epoch, &rec.Tasks[len(rec.Tasks)-1], seen, objs, walKeys); err != nil {
+				return nil, err
 			}
 		}
 	}
@@ -423,6 +394,49 @@ func Create(ctx context.Context, o Options) (*Result, error) {
 	}
 	res.DurationMS = time.Since(start).Milliseconds()
 	return res, nil
+}
+
+// check refuses options Create cannot work with, naming the fix.
+func (o *Options) check() error {
+	if o.Source == nil || o.Target == nil {
+		return errors.New("savepoint: a source and a target store are required")
+	}
+	if err := manifests.ValidName("job", o.Job); err != nil {
+		return err
+	}
+	if err := manifests.ValidName("task", o.Task); err != nil {
+		return err
+	}
+	if o.JobConsistent && o.Checkpoint != 0 {
+		return errors.New("savepoint: --job-consistent picks the checkpoint; do not give --checkpoint too")
+	}
+	if o.JobConsistent && o.WithWAL {
+		return errors.New("savepoint: --with-wal saves one task past its checkpoint; a job-consistent savepoint keeps every task at the job-wide checkpoint (leave one of them out)")
+	}
+	return checkApart(o.Source, o.Target)
+}
+
+// withWAL adds the usable WAL chain of task's checkpoint n (by epoch) to a
+// savepoint: its segments to objs (once each, by seen), its manifests to
+// walKeys (copied after every object), and the chain's extent to e.
+func withWAL(ctx context.Context, o Options, task string, n, epoch uint64, e *Entry, seen map[string]bool, objs []object, walKeys []string) ([]object, []string, error) {
+	chain, _, err := wal.UsableChain(ctx, o.Source, o.Job, task, n, epoch)
+	if err != nil {
+		return nil, nil, fmt.Errorf("savepoint: %w", err)
+	}
+	for _, wm := range chain {
+		for _, r := range wm.Segments {
+			if key := wm.SegmentKey(r); !seen[key] {
+				seen[key] = true
+				objs = append(objs, object{key: key, size: r.Size(), digest: r.SHA256})
+			}
+		}
+		walKeys = append(walKeys, wm.Key())
+	}
+	if k := len(chain); k > 0 {
+		e.WALManifests, e.WALThroughUnixMs = k, chain[k-1].ThroughUnixMs
+	}
+	return objs, walKeys, nil
 }
 
 // copyWALManifest copies the WAL manifest at key byte for byte, after
